@@ -1,0 +1,94 @@
+"""The worker's record of what it planned and did (``gc_actions``), written in the batch's
+transaction, so a memory change and its audit row commit or roll back together."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gc_worker.actions import Action, Kind
+from gc_worker.execute import Outcome
+from gc_worker.queries import q
+from gc_worker.tables import gc_actions, gc_run_batches
+
+
+def batches_insert() -> sa.Insert:
+    return sa.insert(gc_run_batches)
+
+
+def record(
+    conn: Connection,
+    run_id: UUID,
+    batch_no: int,
+    actions: Sequence[Action],
+    *,
+    outcome: str,
+    prior: dict[UUID, dict[str, Any]] | None = None,
+    seq_start: int = 0,
+) -> None:
+    rows = [
+        _row(run_id, batch_no, seq_start + i, a, outcome, (prior or {}).get(a.memory_id))
+        for i, a in enumerate(actions)
+    ]
+    if rows:
+        conn.execute(sa.insert(gc_actions), rows)
+
+
+def record_outcome(conn: Connection, run_id: UUID, batch_no: int, outcome: Outcome) -> None:
+    record(conn, run_id, batch_no, outcome.applied, outcome="applied", prior=outcome.prior)
+    record(
+        conn, run_id, batch_no, outcome.drifted, outcome="drifted",
+        prior=outcome.prior, seq_start=len(outcome.applied),
+    )  # fmt: skip
+
+
+def _row(
+    run_id: UUID, batch_no: int, seq: int, action: Action, outcome: str, prior: Any
+) -> dict[str, Any]:
+    details = dict(action.details)
+    if action.group is not None:
+        details["group"] = action.group
+    return {
+        "run_id": run_id,
+        "batch_no": batch_no,
+        "seq": seq,
+        "job": action.job,
+        "action": action.action.value,
+        "memory_id": action.memory_id,
+        "user_id": action.user_id,
+        "reason": action.reason,
+        "details": details,
+        "row_version": action.row_version,
+        "outcome": outcome,
+        "prior": prior,
+        "content_preview": action.preview,
+    }
+
+
+def load_planned(conn: Connection, run_id: UUID, batch_no: int) -> list[Action]:
+    rows = conn.execute(q("planned_actions"), {"run_id": run_id, "batch_no": batch_no})
+    return [action_from_row(row) for row in rows]
+
+
+def action_from_row(row: Any) -> Action:
+    details = dict(row.details)
+    group = details.pop("group", None)
+    return Action(
+        job=row.job,
+        action=Kind(row.action),
+        user_id=row.user_id,
+        reason=row.reason,
+        memory_id=row.memory_id,
+        row_version=row.row_version,
+        details=details,
+        preview=row.content_preview,
+        group=group,
+    )
+
+
+def actions_of(rows: Iterable[Any]) -> list[Action]:
+    return [action_from_row(row) for row in rows]

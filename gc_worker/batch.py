@@ -1,0 +1,77 @@
+"""What a job sees while planning one batch of users.
+
+Jobs plan in DESIGN.md order against the stored rows; ``BatchContext`` carries what earlier
+jobs of the same batch decided, so later jobs act on the state the plan will produce: rows
+already retired are ``taken``, re-assessed importances are in ``importance``, records created
+by a merge count in ``created``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.engine import Connection
+
+from gc_worker.actions import Action, Kind
+from gc_worker.config import Settings
+
+
+@dataclass
+class JobStats:
+    """Per-job counters that are not actions (reported in ``jobs.<name>``)."""
+
+    skipped: int = 0
+    errors: int = 0
+    llm_calls: int = 0
+    refreshed: int = 0
+    drifted: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: v for k, v in vars(self).items()}
+
+
+@dataclass
+class BatchContext:
+    conn: Connection
+    users: list[str]
+    settings: Settings
+    now: datetime
+    dry_run: bool
+    llm: Any = None
+    taken: set[UUID] = field(default_factory=set)
+    importance: dict[UUID, int] = field(default_factory=dict)
+    created: Counter[str] = field(default_factory=Counter)
+    stats: dict[str, JobStats] = field(default_factory=dict)
+
+    def job_stats(self, job: str) -> JobStats:
+        return self.stats.setdefault(job, JobStats())
+
+    def params(self, **extra: Any) -> dict[str, Any]:
+        """Binds every batch query takes, plus the job's own."""
+        return {
+            "users": self.users,
+            "now": self.now,
+            "taken": list(self.taken),
+            "reassessed": list(self.importance),
+            **extra,
+        }
+
+    def effective_importance(self, row: Any) -> int:
+        return self.importance.get(row.id, row.importance)
+
+    def record(self, actions: Iterable[Action]) -> list[Action]:
+        """Fold a job's actions into what later jobs of this batch see."""
+        actions = list(actions)
+        for action in actions:
+            if action.retires and action.memory_id is not None:
+                self.taken.add(action.memory_id)
+            if action.action is Kind.SET_IMPORTANCE and action.memory_id is not None:
+                self.importance[action.memory_id] = int(action.details["importance"])
+            if action.action is Kind.CREATE_MERGED:
+                self.created[action.user_id] += 1
+        return actions

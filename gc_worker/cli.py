@@ -1,0 +1,110 @@
+"""The ``memory-gc`` command line (DESIGN.md section 4).
+
+Exit codes: 0 success, 2 bad usage or configuration (the message says what and how to fix it),
+1 runtime failure. Every command validates its input before it touches a memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from tqdm import tqdm
+
+from gc_worker import db, logs, schema
+from gc_worker.config import Runtime, Settings, load_runtime, load_settings
+from gc_worker.errors import MemoryGCError, UsageError
+
+Handler = Callable[[argparse.Namespace, "Context"], int]
+
+
+class Context:
+    """Settings and a lazily opened, schema-checked database engine for one command."""
+
+    def __init__(self, settings: Settings, runtime: Runtime) -> None:
+        self.settings, self.runtime = settings, runtime
+        self._engine: Any = None
+
+    def engine(self, *, check_schema: bool = True) -> Any:
+        if self._engine is None:
+            self._engine = db.engine_for(self.runtime)
+            if check_schema:
+                schema.require_current(self._engine, embedding_dim=self.settings.embeddings.dim)
+        return self._engine
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # exit 2 through our own error path
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def parse_now(value: str | None) -> datetime:
+    if value is None:
+        return datetime.now(UTC)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise UsageError(
+            f"--now {value!r} is not an ISO 8601 instant; use e.g. 2026-01-31T03:00:00Z"
+        ) from None
+    if parsed.tzinfo is None:
+        raise UsageError(
+            f"--now {value!r} has no timezone; add one, e.g. {value}Z or {value}+00:00"
+        )
+    return parsed
+
+
+def parse_uuid(value: str, what: str) -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        raise UsageError(f"{what} {value!r} is not a UUID") from None
+
+
+def progress(total: int) -> tqdm:
+    """A progress bar on a terminal, none when stderr is not a terminal."""
+    return tqdm(total=total, unit="batch", disable=not sys.stderr.isatty(), leave=False)
+
+
+def build_parser() -> ArgumentParser:
+    from gc_worker import commands
+
+    parser = ArgumentParser(prog="memory-gc", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="TOML config file (default: $MEMORY_GC_CONFIG)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    commands.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logs.configure()
+    try:
+        args = build_parser().parse_args(argv)
+        settings = load_settings(args.config)
+        context = Context(settings, load_runtime())
+        return int(args.handler(args, context) or 0)
+    except MemoryGCError as exc:
+        print(f"memory-gc: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("memory-gc: interrupted; committed batches stay applied", file=sys.stderr)
+        return 1
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+def write_reports(report: dict[str, Any], paths: Sequence[Path]) -> list[Path]:
+    from gc_worker.report import write_report
+
+    return [write_report(report, path) for path in paths]
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,173 @@
+"""Handlers of the ``memory-gc`` subcommands; each maps arguments onto the engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gc_worker import engine as gc_engine
+from gc_worker import render, schema
+from gc_worker.cli import Context, parse_now, parse_uuid, progress, write_reports
+from gc_worker.errors import UsageError
+from gc_worker.report import build_report
+
+
+def register(sub: Any) -> None:
+    _add(sub, "migrate", cmd_migrate, "create or upgrade the schema")
+    run = _add(sub, "run", cmd_run, "one GC run now (plan and apply, or --dry-run)")
+    run.add_argument(
+        "--user", action="append", dest="users", metavar="ID", help="only this user (repeatable)"
+    )
+    run.add_argument(
+        "--job", action="append", dest="jobs", metavar="NAME", help="only this job (repeatable)"
+    )
+    run.add_argument(
+        "--dry-run", action="store_true", help="write the plan and report; change nothing"
+    )
+    run.add_argument("--now", help="fix the clock (ISO 8601 with timezone)")
+    run.add_argument("--report", type=Path, action="append", metavar="PATH",
+                     help="write the report here (.json, .md or .html; repeatable)")  # fmt: skip
+    apply = _add(sub, "apply", cmd_apply, "execute a dry run's plan exactly")
+    apply.add_argument("run_id")
+    apply.add_argument("--report", type=Path, action="append", metavar="PATH")
+    report = _add(sub, "report", cmd_report, "render a run's report")
+    report.add_argument("run_id")
+    report.add_argument("--format", choices=render.FORMATS)
+    report.add_argument("--output", type=Path)
+    restore = _add(
+        sub, "restore", cmd_restore, "undo what a run (or the worker, for one memory) did"
+    )
+    target = restore.add_mutually_exclusive_group(required=True)
+    target.add_argument("--run", dest="run_id")
+    target.add_argument("--memory", dest="memory_id")
+    runs = _add(sub, "runs", cmd_runs, "list recent runs")
+    runs.add_argument("--limit", type=int, default=20)
+    demo = _add(
+        sub, "demo", cmd_demo, "seed a sample store in the embedded database and dry-run it"
+    )
+    demo.add_argument("--output-dir", type=Path, help="where to write the reports")
+
+
+def _add(sub: Any, name: str, handler: Callable, help_text: str) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def cmd_migrate(args: argparse.Namespace, ctx: Context) -> int:
+    before, after = schema.migrate(
+        ctx.engine(check_schema=False), embedding_dim=ctx.settings.embeddings.dim
+    )
+    print(
+        f"schema: {before or 'empty'} -> {after}"
+        if before != after
+        else f"schema is current ({after})"
+    )
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
+    paths = args.report or []
+    for path in paths:
+        _check_report_path(path)
+    request = gc_engine.RunRequest(
+        mode="dry_run" if args.dry_run else "apply",
+        now=parse_now(args.now),
+        users=tuple(args.users) if args.users else None,
+        jobs=gc_engine.resolve_jobs(args.jobs or [], ctx.settings),
+    )
+    engine = ctx.engine()
+    run_id = gc_engine.start_run(engine, ctx.settings, request)
+    _process(engine, run_id, ctx)
+    return _finish(engine, run_id, paths)
+
+
+def cmd_apply(args: argparse.Namespace, ctx: Context) -> int:
+    for path in args.report or []:
+        _check_report_path(path)
+    engine = ctx.engine()
+    run_id = gc_engine.start_apply(engine, parse_uuid(args.run_id, "run id"))
+    with engine.connect() as conn:
+        settings = gc_engine.settings_of(gc_engine.load_run(conn, run_id))
+    _process(engine, run_id, ctx, settings=settings)
+    return _finish(engine, run_id, args.report or [])
+
+
+def _process(engine: Any, run_id: Any, ctx: Context, settings: Any = None) -> None:
+    with engine.connect() as conn:
+        total = conn.exec_driver_sql(
+            "SELECT count(*) FROM gc_run_batches WHERE run_id = %(r)s", {"r": run_id}
+        ).scalar_one()
+    with progress(total) as bar:
+        gc_engine.process_run(engine, run_id, settings or ctx.settings, on_batch=bar.update)
+
+
+def _finish(engine: Any, run_id: Any, paths: list[Path]) -> int:
+    with engine.connect() as conn:
+        report = build_report(conn, run_id)
+    for path in write_reports(report, paths):
+        print(f"report: {path}")
+    print(summary_line(report))
+    return 0
+
+
+def _check_report_path(path: Path) -> None:
+    try:
+        render.format_for_path(path)
+    except ValueError as exc:
+        raise UsageError(f"--report {path}: {exc}") from None
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    by_action = (
+        ", ".join(f"{k} {v}" for k, v in report["totals"]["by_action"].items()) or "nothing to do"
+    )
+    drifted = len(report.get("drifted", []))
+    tail = f"; {drifted} drifted (skipped)" if drifted else ""
+    return f"run {report['run_id']} ({report['mode']}, {report['status']}): {by_action}{tail}"
+
+
+def cmd_report(args: argparse.Namespace, ctx: Context) -> int:
+    run_id = parse_uuid(args.run_id, "run id")
+    fmt = args.format or (render.format_for_path(args.output) if args.output else "json")
+    with ctx.engine().connect() as conn:
+        text = render.render(build_report(conn, run_id), fmt)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text, encoding="utf-8")
+        print(f"report: {args.output}")
+    else:
+        sys.stdout.write(text + "\n")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace, ctx: Context) -> int:
+    from gc_worker import restore
+
+    engine = ctx.engine()
+    if args.run_id:
+        result = restore.restore_run(engine, parse_uuid(args.run_id, "run id"))
+    else:
+        result = restore.restore_memory(engine, parse_uuid(args.memory_id, "memory id"))
+    print(f"restore run {result.run_id}: {len(result.restored)} restored, "
+          f"{len(result.not_restorable)} not restorable (changed since, or purged)")  # fmt: skip
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace, ctx: Context) -> int:
+    from gc_worker.queries import q
+
+    with ctx.engine().connect() as conn:
+        for row in conn.execute(q("recent_runs"), {"limit": args.limit}):
+            print(f"{row.id}  {row.mode:<8} {row.status:<10} now={row.now.isoformat()} "
+                  f"started={row.started_at:%Y-%m-%d %H:%M:%S}")  # fmt: skip
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, ctx: Context) -> int:
+    from gc_worker import demo
+
+    return demo.run_demo(ctx, output_dir=args.output_dir)

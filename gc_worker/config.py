@@ -1,0 +1,262 @@
+"""Settings: one frozen object built at start-up from TOML and ``MEMORY_GC_*`` variables.
+
+Sources, later wins: the built-in defaults (mirrored, with a reason per option, in
+``config/default.toml``), the TOML file named by ``MEMORY_GC_CONFIG``, then variables of the
+form ``MEMORY_GC_<SECTION>__<KEY>`` (e.g. ``MEMORY_GC_DECAY__HALF_LIFE_DAYS=45``; the value is
+read as a TOML value, falling back to a plain string).
+
+Validation happens here, once: an unknown section or key is an error naming the closest valid
+one; a bad value names the key, what is allowed and where it was set.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gc_worker.errors import ConfigError
+
+ENV_PREFIX = "MEMORY_GC_"
+RUNTIME_ENV = {"DATABASE_URL", "DATA_DIR", "CONFIG", "LOG_LEVEL", "LOG_FORMAT"}
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class JobSection(Section):
+    enabled: bool = True
+
+
+class RunSettings(Section):
+    batch_users: int = Field(500, ge=1, le=100_000)
+    lease_seconds: int = Field(300, ge=10, le=86_400)
+    max_actions_per_statement: int = Field(10_000, ge=100, le=1_000_000)
+
+
+class ScheduleSettings(Section):
+    cron: str = "0 3 * * *"
+    timezone: str = "UTC"
+    misfire_grace_seconds: int = Field(3600, ge=1)
+    mode: Literal["plan_and_apply", "plan_then_apply"] = "plan_and_apply"
+    apply_delay_minutes: int = Field(60, ge=0)
+    poll_seconds: float = Field(2.0, gt=0, le=300)
+
+
+class TTLExpirySettings(JobSection):
+    pass
+
+
+class ImportanceSettings(JobSection):
+    batch_size: int = Field(20, ge=1, le=200)
+
+
+class DecaySettings(JobSection):
+    half_life_days: float = Field(30.0, gt=0)
+    importance_multipliers: tuple[float, float, float, float, float] = (0.5, 0.75, 1.0, 2.0, 4.0)
+    forget_below: float = Field(0.05, ge=0, le=1)
+    forget_max_importance: int = Field(2, ge=0, le=5)
+    grace_days: float = Field(14, ge=0)
+    epsilon: float = Field(0.01, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _positive_multipliers(self) -> DecaySettings:
+        if any(m <= 0 for m in self.importance_multipliers):
+            raise ValueError("importance_multipliers must all be > 0")
+        return self
+
+
+class ContradictionSettings(JobSection):
+    similarity: float = Field(0.75, gt=0, le=1)
+
+
+class CompactionSettings(JobSection):
+    similarity: float = Field(0.85, gt=0, le=1)
+    max_group_size: int = Field(8, ge=2, le=100)
+    max_merge_depth: int = Field(1, ge=0, le=10)
+
+
+class UsagePruneSettings(JobSection):
+    unused_days: float = Field(90, gt=0)
+    grace_days: float = Field(14, ge=0)
+    max_importance: int = Field(3, ge=0, le=5)
+
+
+class UserCapSettings(JobSection):
+    max_memories: int = Field(500, ge=1)
+    overflow: Literal["evict", "summarize"] = "evict"
+    fallback_to_evict: bool = False
+    max_summary_depth: int = Field(1, ge=0, le=10)
+
+
+class HardDeleteSettings(JobSection):
+    retention_days: float = Field(30, ge=0)
+    history_retention_days: float = Field(365, ge=0)
+
+
+class ErasureSettings(JobSection):
+    retention_days: float = Field(1, ge=0)
+
+
+class LLMSettings(Section):
+    model: str = "gpt-4.1-mini"
+    max_calls_per_run: int = Field(500, ge=0)
+    max_tokens_per_run: int = Field(2_000_000, ge=0)
+    timeout_seconds: float = Field(30.0, gt=0)
+    max_retries: int = Field(3, ge=0, le=10)
+
+
+class EmbeddingSettings(Section):
+    dim: int = Field(1536, ge=1, le=16_000)
+    model: str = "text-embedding-3-small"
+
+
+class Settings(Section):
+    """Every option memory-gc reads; built once by :func:`load_settings`."""
+
+    run: RunSettings = RunSettings()
+    schedule: ScheduleSettings = ScheduleSettings()
+    erasure: ErasureSettings = ErasureSettings()
+    ttl_expiry: TTLExpirySettings = TTLExpirySettings()
+    importance: ImportanceSettings = ImportanceSettings()
+    decay: DecaySettings = DecaySettings()
+    contradiction: ContradictionSettings = ContradictionSettings()
+    compaction: CompactionSettings = CompactionSettings()
+    usage_prune: UsagePruneSettings = UsagePruneSettings()
+    user_cap: UserCapSettings = UserCapSettings()
+    hard_delete: HardDeleteSettings = HardDeleteSettings()
+    llm: LLMSettings = LLMSettings()
+    embeddings: EmbeddingSettings = EmbeddingSettings()
+
+
+class Runtime(Section):
+    """Where to find things: not tunables, so not in the TOML file."""
+
+    database_url: str | None = None
+    data_dir: Path
+    config_path: Path | None = None
+    openai_api_key: str | None = None
+    openai_base_url: str | None = None
+
+    @property
+    def llm_configured(self) -> bool:
+        return bool(self.openai_api_key or self.openai_base_url)
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "memory-gc"
+
+
+def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Build the validated settings from an optional TOML file and the environment."""
+    env = os.environ if env is None else env
+    path = path if path is not None else env.get(ENV_PREFIX + "CONFIG")
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if path:
+        layers.append((str(path), _read_toml(Path(path))))
+    layers.append(("environment", _env_layer(env)))
+    merged: dict[str, dict[str, Any]] = {}
+    origin: dict[tuple[str, str], str] = {}
+    for source, layer in layers:
+        _check_keys(layer, source)
+        for section, values in layer.items():
+            merged.setdefault(section, {}).update(values)
+            origin.update({(section, key): source for key in values})
+    return _validate(merged, origin)
+
+
+def load_runtime(env: Mapping[str, str] | None = None) -> Runtime:
+    env = os.environ if env is None else env
+    data_dir = env.get(ENV_PREFIX + "DATA_DIR")
+    return Runtime(
+        database_url=env.get(ENV_PREFIX + "DATABASE_URL") or None,
+        data_dir=Path(data_dir) if data_dir else default_data_dir(),
+        config_path=Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None,
+        openai_api_key=env.get("OPENAI_API_KEY") or None,
+        openai_base_url=env.get("OPENAI_BASE_URL") or None,
+    )
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; fix MEMORY_GC_CONFIG") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(
+                f"{path}: `{section}` must be a [section] table, e.g. [{section}] on its own line"
+            )
+    return data
+
+
+def _env_layer(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    layer: dict[str, dict[str, Any]] = {}
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX) or name[len(ENV_PREFIX) :] in RUNTIME_ENV:
+            continue
+        rest = name[len(ENV_PREFIX) :]
+        if "__" not in rest:
+            options = [ENV_PREFIX + n for n in sorted(RUNTIME_ENV)]
+            raise ConfigError(
+                f"unknown variable {name}{_did_you_mean(name, options)}; options are "
+                f"{ENV_PREFIX}<SECTION>__<KEY>, e.g. MEMORY_GC_DECAY__HALF_LIFE_DAYS"
+            )
+        section, key = rest.lower().split("__", 1)
+        layer.setdefault(section, {})[key] = _parse_env_value(raw)
+    return layer
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _check_keys(layer: Mapping[str, Mapping[str, Any]], source: str) -> None:
+    sections = Settings.model_fields
+    for section, values in layer.items():
+        if section not in sections:
+            hint = _did_you_mean(section, list(sections))
+            raise ConfigError(f"{source}: unknown section [{section}]{hint}")
+        keys = sections[section].annotation.model_fields  # type: ignore[union-attr]
+        for key in values:
+            if key not in keys:
+                hint = _did_you_mean(key, list(keys))
+                raise ConfigError(f"{source}: unknown key {section}.{key}{hint}")
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
+    return f" (did you mean `{close[0]}`?)" if close else f" (valid: {', '.join(options)})"
+
+
+def _validate(merged: dict[str, Any], origin: Mapping[tuple[str, str], str]) -> Settings:
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as exc:
+        problems = [_describe(err, merged, origin) for err in exc.errors()]
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+
+
+def _describe(err: Mapping[str, Any], merged: Mapping[str, Any], origin: Mapping) -> str:
+    loc = [str(p) for p in err["loc"]]
+    section, key = [*loc, "", ""][:2]
+    dotted = ".".join(loc[:2]) if key else section
+    value = merged.get(section, {}).get(key, "?") if key else "?"
+    where = origin.get((section, key), "defaults")
+    env_name = f"{ENV_PREFIX}{section.upper()}__{key.upper()}"
+    return (
+        f"{dotted} = {value!r} (from {where}): {err['msg']}; "
+        f"set a valid value in the config file or {env_name}"
+    )

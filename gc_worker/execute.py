@@ -1,0 +1,152 @@
+"""The one executor: carries out a batch's actions inside the caller's transaction.
+
+1. Lock every row the actions name (id order) and compare its version (xmin) with the one
+   recorded when the action was planned. A row that is gone or changed has *drifted*: its
+   action — and every action of the same group — is skipped and reported, never applied.
+2. Apply the rest with set-based statements, each checked against the count it was given
+   (a mismatch raises, and the caller's transaction rolls back whole).
+3. Return what was applied with each row's prior state, for the audit and for restore.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.engine import Connection
+
+from gc_worker.actions import ERASURE_REASONS, TARGET_STATUS, Action, Kind
+from gc_worker.errors import RunFailed
+from gc_worker.queries import q
+
+PRIOR_FIELDS = (
+    "status",
+    "status_reason",
+    "status_changed_at",
+    "superseded_by",
+    "deleted_at",
+    "valid_until",
+    "importance",
+    "importance_assessed_at",
+)
+
+
+@dataclass
+class Outcome:
+    applied: list[Action] = field(default_factory=list)
+    drifted: list[Action] = field(default_factory=list)
+    prior: dict[UUID, dict[str, Any]] = field(default_factory=dict)
+
+
+def execute(conn: Connection, actions: Sequence[Action], *, now: datetime) -> Outcome:
+    """Apply ``actions`` (in plan order) in ``conn``'s transaction; see the module docstring."""
+    versions, prior = lock_rows(conn, actions)
+    drifted = drifted_actions(actions, versions)
+    outcome = Outcome(prior=prior)
+    for action in actions:
+        (outcome.drifted if id(action) in drifted else outcome.applied).append(action)
+    _apply(conn, outcome.applied, now=now)
+    return outcome
+
+
+def lock_rows(
+    conn: Connection, actions: Sequence[Action]
+) -> tuple[dict[UUID, int], dict[UUID, dict[str, Any]]]:
+    ids = sorted({a.memory_id for a in actions if a.row_version is not None}, key=str)
+    if not ids:
+        return {}, {}
+    rows = conn.execute(q("lock_rows"), {"ids": ids}).mappings().all()
+    versions = {row["id"]: row["row_version"] for row in rows}
+    prior = {row["id"]: {k: _jsonable(row[k]) for k in PRIOR_FIELDS} for row in rows}
+    return versions, prior
+
+
+def drifted_actions(actions: Sequence[Action], versions: dict[UUID, int]) -> set[int]:
+    """ids() of actions whose row changed since planning, widened to their whole group."""
+    bad = {
+        id(a)
+        for a in actions
+        if a.row_version is not None and versions.get(a.memory_id) != a.row_version
+    }
+    bad_groups = {a.group for a in actions if id(a) in bad and a.group is not None}
+    return bad | {id(a) for a in actions if a.group is not None and a.group in bad_groups}
+
+
+def _apply(conn: Connection, actions: list[Action], *, now: datetime) -> None:
+    by_kind: dict[Kind, list[Action]] = {}
+    for action in actions:
+        by_kind.setdefault(action.action, []).append(action)
+    _create_records(conn, by_kind.get(Kind.CREATE_MERGED, []), now=now)
+    _set_importance(conn, by_kind.get(Kind.SET_IMPORTANCE, []), now=now)
+    statuses = [a for kind in TARGET_STATUS for a in by_kind.get(kind, [])]
+    _set_status(conn, statuses, now=now)
+    _purge(conn, by_kind.get(Kind.HARD_DELETE, []))
+
+
+def _checked(conn: Connection, name: str, params: dict[str, Any], expected: int) -> None:
+    touched = len(conn.execute(q(name), params).all())
+    if touched != expected:
+        raise RunFailed(
+            f"{name} touched {touched} rows where {expected} were planned and locked; "
+            "the batch was rolled back"
+        )
+
+
+def _set_status(conn: Connection, actions: list[Action], *, now: datetime) -> None:
+    if not actions:
+        return
+    params = {
+        "now": now,
+        "ids": [a.memory_id for a in actions],
+        "statuses": [TARGET_STATUS[a.action] for a in actions],
+        "reasons": [a.reason for a in actions],
+        "superseded": [_uuid_or_none(a.details.get("superseded_by")) for a in actions],
+        "valid_until": [a.details.get("close_valid_until") for a in actions],
+        "erasure_reasons": list(ERASURE_REASONS),
+    }
+    _checked(conn, "apply_status", params, len(actions))
+
+
+def _set_importance(conn: Connection, actions: list[Action], *, now: datetime) -> None:
+    if not actions:
+        return
+    params = {
+        "now": now,
+        "ids": [a.memory_id for a in actions],
+        "importance": [int(a.details["importance"]) for a in actions],
+    }
+    _checked(conn, "apply_importance", params, len(actions))
+
+
+def _create_records(conn: Connection, actions: list[Action], *, now: datetime) -> None:
+    if not actions:
+        return
+    records = [dict(a.details["record"], id=str(a.memory_id), user_id=a.user_id) for a in actions]
+    _checked(conn, "insert_records", {"records": json.dumps(records), "now": now}, len(actions))
+    derived = [a.memory_id for a in actions for _ in a.details["sources"]]
+    sources = [UUID(str(s)) for a in actions for s in a.details["sources"]]
+    conn.execute(q("insert_lineage"), {"derived": derived, "sources": sources})
+
+
+def _purge(conn: Connection, actions: list[Action]) -> None:
+    if not actions:
+        return
+    ids = [a.memory_id for a in actions]
+    _checked(conn, "purge_rows", {"ids": ids}, len(ids))
+    conn.execute(q("scrub_audit"), {"ids": ids})
+
+
+def _uuid_or_none(value: Any) -> UUID | None:
+    return None if value is None else UUID(str(value))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    return value

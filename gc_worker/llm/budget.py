@@ -1,0 +1,72 @@
+"""Per-run LLM budget and counters.
+
+- ``LLMBudget``: a call limit and a token limit (``None`` = unlimited). ``reserve_call`` raises
+  ``LLMBudgetExhausted`` *before* a call that would exceed the call budget, or once the tokens
+  used reach the token budget, and counts the refused decision in ``deferred_by_budget``.
+- Counters (``as_report``): ``calls``, ``input_tokens``, ``output_tokens``, ``cache_hits`` (the
+  report's ``llm`` section) plus ``invalid_answers``, ``errors``, ``retries``,
+  ``embedding_calls`` and ``deferred_by_budget``.
+
+A fresh budget per run; the counters are guarded by a lock so jobs may share it across threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from gc_worker.llm.errors import LLMBudgetExhausted
+
+REPORT_KEYS = ("calls", "input_tokens", "output_tokens", "cache_hits")
+EXTRA_KEYS = ("invalid_answers", "errors", "retries", "embedding_calls", "deferred_by_budget")
+
+
+@dataclass
+class LLMBudget:
+    """Limits of one run and what the run has used so far."""
+
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    calls: int = 0
+    embedding_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_hits: int = 0
+    invalid_answers: int = 0
+    errors: int = 0
+    retries: int = 0
+    deferred_by_budget: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def reserve_call(self, *, embedding: bool = False) -> None:
+        """Count one call, or raise ``LLMBudgetExhausted`` if the run may not make it."""
+        with self._lock:
+            if self.max_calls is not None and self.calls >= self.max_calls:
+                self.deferred_by_budget += 1
+                raise LLMBudgetExhausted("calls", self.calls, self.max_calls)
+            if self.max_tokens is not None and self.tokens >= self.max_tokens:
+                self.deferred_by_budget += 1
+                raise LLMBudgetExhausted("tokens", self.tokens, self.max_tokens)
+            self.calls += 1
+            self.embedding_calls += int(embedding)
+
+    def record_usage(self, input_tokens: int, output_tokens: int) -> None:
+        with self._lock:
+            self.input_tokens += max(0, input_tokens)
+            self.output_tokens += max(0, output_tokens)
+
+    def count(self, counter: str) -> None:
+        """Add one to ``cache_hits``, ``invalid_answers``, ``errors`` or ``retries``."""
+        if counter not in ("cache_hits", "invalid_answers", "errors", "retries"):
+            raise ValueError(f"unknown LLM counter {counter!r}")
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + 1)
+
+    def as_report(self) -> dict[str, int]:
+        """The report's ``llm`` section followed by the extra counters."""
+        with self._lock:
+            return {key: getattr(self, key) for key in (*REPORT_KEYS, *EXTRA_KEYS)}

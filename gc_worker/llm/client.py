@@ -1,0 +1,230 @@
+"""The HTTP side of the port: one structured chat call or one embeddings call, with retries.
+
+- ``ModelClient.complete(kind, messages, answer_model, budget)``: reserves a call in the budget,
+  sends ``chat.completions.parse`` with the pydantic answer model as the strict JSON schema,
+  adds ``usage`` to the budget (also for answers that are then rejected) and returns the parsed
+  answer. Malformed JSON, a schema mismatch, a refusal, a truncated or filtered answer →
+  ``LLMInvalidAnswer`` with a reason code.
+- ``ModelClient.embed(texts, budget)``: ``embeddings.create`` with ``encoding_format="float"``;
+  the vectors come back in input order, checked for count and (if configured) dimension.
+- Retries: the openai client is built with ``max_retries=0``; this loop retries 408, 429, 5xx,
+  timeouts and connection errors up to ``max_retries`` times with exponential backoff, jitter and
+  ``Retry-After``; anything else (400, 401, 403, 404, …) fails at once. Either way the failure is
+  ``LLMUnavailable``. Logs ``llm.retry_scheduled`` and ``llm.unavailable``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import openai
+import pydantic
+import structlog
+
+from gc_worker.llm.budget import LLMBudget
+from gc_worker.llm.errors import LLMInvalidAnswer, LLMUnavailable
+from gc_worker.llm.options import LLMOptions
+
+log = structlog.get_logger("gc_worker.llm")
+
+AnswerT = TypeVar("AnswerT", bound=pydantic.BaseModel)
+T = TypeVar("T")
+
+RETRYABLE_STATUS = frozenset({408, 429})
+JITTER_FRACTION = 0.25
+
+
+def is_retryable(exc: openai.APIError) -> bool:
+    """Rate limits, server errors, timeouts and connection errors are worth another attempt."""
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in RETRYABLE_STATUS or exc.status_code >= 500
+    return isinstance(exc, openai.APIConnectionError)
+
+
+def backoff_delay(
+    attempt: int,
+    options: LLMOptions,
+    *,
+    retry_after: float | None = None,
+    jitter: float | None = None,
+) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+    base = options.backoff_base_seconds * 2 ** (attempt - 1)
+    spread = random.random() if jitter is None else jitter
+    delay = base * (1 + JITTER_FRACTION * spread)
+    if retry_after is not None:
+        delay = max(delay, retry_after)
+    return min(delay, options.backoff_max_seconds)
+
+
+def retry_after_seconds(exc: openai.APIError) -> float | None:
+    """The server's ``Retry-After`` (in seconds) when it sent a numeric one."""
+    if not isinstance(exc, openai.APIStatusError):
+        return None
+    try:
+        return float(exc.response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+class ModelClient:
+    """One OpenAI-compatible server, called with the port's own retry loop."""
+
+    def __init__(
+        self,
+        client: openai.OpenAI,
+        options: LLMOptions,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._client = client
+        self._options = options
+        self._sleep = sleep
+
+    def close(self) -> None:
+        self._client.close()
+
+    def complete(
+        self,
+        kind: str,
+        messages: list[dict[str, str]],
+        answer_model: type[AnswerT],
+        budget: LLMBudget,
+    ) -> AnswerT:
+        """One structured-output chat call; the parsed, schema-valid answer."""
+        budget.reserve_call()
+        raw = self._with_retries(kind, budget, lambda: self._send_chat(messages, answer_model))
+        budget.record_usage(*_chat_usage(raw))
+        return _parsed_answer(raw)
+
+    def embed(self, texts: Sequence[str], budget: LLMBudget) -> list[list[float]]:
+        """Embeddings of ``texts``, in the same order."""
+        budget.reserve_call(embedding=True)
+        response = self._with_retries("embed", budget, lambda: self._send_embeddings(texts))
+        usage = response.usage
+        budget.record_usage(usage.prompt_tokens if usage else 0, 0)
+        return _checked_vectors(response, len(texts), self._options.embedding_dim)
+
+    def _send_chat(
+        self, messages: list[dict[str, str]], answer_model: type[pydantic.BaseModel]
+    ) -> Any:
+        extra: dict[str, Any] = {}
+        if self._options.temperature is not None:
+            extra["temperature"] = self._options.temperature
+        return self._client.chat.completions.with_raw_response.parse(
+            model=self._options.model,
+            messages=messages,  # type: ignore[arg-type]
+            response_format=answer_model,
+            **extra,
+        )
+
+    def _send_embeddings(self, texts: Sequence[str]) -> Any:
+        return self._client.embeddings.create(
+            model=self._options.embedding_model, input=list(texts), encoding_format="float"
+        )
+
+    def _with_retries(self, kind: str, budget: LLMBudget, request: Callable[[], T]) -> T:
+        attempts = self._options.max_retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return request()
+            except openai.APIError as exc:
+                if attempt == attempts or not is_retryable(exc):
+                    raise self._unavailable(kind, attempt, exc, budget) from exc
+                self._wait_before_retry(kind, attempt, exc, budget)
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _wait_before_retry(
+        self, kind: str, attempt: int, exc: openai.APIError, budget: LLMBudget
+    ) -> None:
+        delay = backoff_delay(attempt, self._options, retry_after=retry_after_seconds(exc))
+        budget.count("retries")
+        log.warning(
+            "llm.retry_scheduled",
+            kind=kind,
+            attempt=attempt,
+            status_code=_status_code(exc),
+            delay_seconds=round(delay, 3),
+            error=type(exc).__name__,
+        )
+        self._sleep(delay)
+
+    def _unavailable(
+        self, kind: str, attempt: int, exc: openai.APIError, budget: LLMBudget
+    ) -> LLMUnavailable:
+        budget.count("errors")
+        status = _status_code(exc)
+        log.error(
+            "llm.unavailable",
+            kind=kind,
+            attempts=attempt,
+            status_code=status,
+            retryable=is_retryable(exc),
+            error=type(exc).__name__,
+        )
+        return LLMUnavailable(kind, attempts=attempt, status_code=status, cause=type(exc).__name__)
+
+
+def _status_code(exc: openai.APIError) -> int | None:
+    return exc.status_code if isinstance(exc, openai.APIStatusError) else None
+
+
+def _chat_usage(raw: Any) -> tuple[int, int]:
+    """Prompt and completion tokens from the raw body, readable even when parsing fails."""
+    try:
+        usage = raw.http_response.json().get("usage") or {}
+        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    except (ValueError, TypeError, AttributeError):
+        return 0, 0
+
+
+def _parsed_answer(raw: Any) -> Any:
+    try:
+        completion = raw.parse()
+    except pydantic.ValidationError as exc:
+        raise _schema_error(exc) from exc
+    except openai.LengthFinishReasonError as exc:
+        raise LLMInvalidAnswer("truncated") from exc
+    except openai.ContentFilterFinishReasonError as exc:
+        raise LLMInvalidAnswer("content_filtered") from exc
+    except Exception as exc:  # any other parse failure is still an answer we cannot use
+        raise LLMInvalidAnswer("malformed_response", type(exc).__name__) from exc
+    return _message_answer(completion)
+
+
+def _message_answer(completion: Any) -> Any:
+    if not completion.choices:
+        raise LLMInvalidAnswer("empty_answer", "no choices")
+    message = completion.choices[0].message
+    if message.refusal:
+        raise LLMInvalidAnswer("refused", message.refusal[:200])
+    if message.parsed is None:
+        raise LLMInvalidAnswer("empty_answer", "no content")
+    return message.parsed
+
+
+def _schema_error(exc: pydantic.ValidationError) -> LLMInvalidAnswer:
+    errors = exc.errors()
+    reason = (
+        "malformed_json"
+        if any(e["type"] == "json_invalid" for e in errors)
+        else ("schema_mismatch")
+    )
+    first = errors[0] if errors else {"loc": (), "msg": str(exc)}
+    where = ".".join(str(part) for part in first["loc"])
+    return LLMInvalidAnswer(reason, f"{where}: {first['msg']}" if where else first["msg"])
+
+
+def _checked_vectors(response: Any, expected: int, dim: int | None) -> list[list[float]]:
+    try:
+        data = sorted(response.data, key=lambda item: item.index)
+        vectors = [[float(value) for value in item.embedding] for item in data]
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise LLMInvalidAnswer("malformed_response", type(exc).__name__) from exc
+    if len(data) != expected or [item.index for item in data] != list(range(expected)):
+        raise LLMInvalidAnswer("embedding_count_mismatch", f"{len(data)} for {expected} texts")
+    if dim is not None and any(len(vector) != dim for vector in vectors):
+        raise LLMInvalidAnswer("embedding_dim_mismatch", f"expected {dim}")
+    return vectors

@@ -1,0 +1,29 @@
+"""structlog, configured once: JSON lines on stderr with run_id / job / user_id bound via
+contextvars. Level from ``MEMORY_GC_LOG_LEVEL`` (default info)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+
+def configure(level: str | None = None) -> None:
+    name = (level or os.environ.get("MEMORY_GC_LOG_LEVEL") or "info").upper()
+    numeric = logging.getLevelName(name)
+    if not isinstance(numeric, int):
+        numeric = logging.INFO
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,499 @@
+"""Render a run report (DESIGN.md §5, report_version 1) as JSON, Markdown or one HTML page.
+
+Pure functions from the report dict to text: no database, no clock, no I/O. Markdown and HTML
+tell people the same things — the header (and, for a dry run, the command that applies it),
+totals per action, one row per job, the busiest users (top 50), reasons with counts, a sample of
+rows per job and action (10 each), the deferred groups (first 20) and the LLM usage.
+
+Every string that comes from the store (content, user ids, reasons, details) is hostile input:
+HTML escapes all of it; Markdown escapes ``|``, newlines and angle brackets in table cells.
+
+Optional report keys, rendered when present and ignored when absent: ``plan_run_id``,
+``status``, ``applied_by``, ``per_user`` (else derived from ``actions``), ``jobs.*.drifted``,
+``jobs.*.refreshed``, ``actions[].details.content`` and the deferred actions'
+``details.memory_ids``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import PurePath
+from typing import Any
+
+Report = Mapping[str, Any]
+Rows = list[list[Any]]
+
+FORMATS = ("json", "md", "html")
+SAMPLE_ROWS = 10
+TOP_USERS = 50
+DEFERRED_GROUPS = 20
+PREVIEW_CHARS = 120
+NOTHING_TO_DO = "Nothing to do — no memory needed a change."
+SAMPLE_HEADERS = ["memory", "user", "reason", "content", "details"]
+
+_SUFFIXES = {".json": "json", ".md": "md", ".markdown": "md", ".html": "html", ".htm": "html"}
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
+_LIST_KEYS = ("content", "memory_ids")  # details shown in their own columns
+
+
+# -- entry points ---------------------------------------------------------------------------
+
+
+def render(report: Report, fmt: str) -> str:
+    """Render ``report`` in ``fmt`` (one of FORMATS)."""
+    renderers = {"json": render_json, "md": render_markdown, "html": render_html}
+    if fmt not in renderers:
+        raise ValueError(f"unknown report format {fmt!r}; valid formats: {', '.join(FORMATS)}")
+    return renderers[fmt](report)
+
+
+def format_for_path(path: str | PurePath) -> str:
+    """The report format a file path asks for, from its suffix."""
+    fmt = _SUFFIXES.get(PurePath(path).suffix.lower())
+    if fmt is None:
+        raise ValueError("report path must end in .json, .md or .html")
+    return fmt
+
+
+def render_json(report: Report) -> str:
+    """The report as indented JSON, keys in their given order, non-ASCII kept."""
+    return json.dumps(report, indent=2, sort_keys=False, ensure_ascii=False, default=str)
+
+
+# -- the facts both human formats show ------------------------------------------------------
+
+
+def _actions(report: Report) -> list[Mapping[str, Any]]:
+    return list(report.get("actions") or [])
+
+
+def _is_dry_run(report: Report) -> bool:
+    return report.get("mode") == "dry_run"
+
+
+def _header_rows(report: Report) -> list[tuple[str, Any]]:
+    scope = report.get("scope") or {}
+    optional = [("Plan run", "plan_run_id"), ("Status", "status"), ("Applied by", "applied_by")]
+    return [
+        ("Run", report.get("run_id")),
+        ("Mode", report.get("mode")),
+        *((label, report[key]) for label, key in optional if report.get(key) is not None),
+        ("Now", report.get("now")),
+        ("Duration", _duration(report)),
+        ("Users", _limited(scope.get("users"), 10) if scope.get("users") else "all"),
+        ("Jobs", ", ".join(scope.get("jobs") or []) or "—"),
+    ]
+
+
+def _duration(report: Report) -> str:
+    try:
+        seconds = (
+            datetime.fromisoformat(report["finished_at"])
+            - datetime.fromisoformat(report["started_at"])
+        ).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return "—"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def _total_rows(report: Report) -> Rows:
+    by_action = (report.get("totals") or {}).get("by_action") or {}
+    return [[action, n] for action, n in by_action.items() if n]
+
+
+def _total_actions(report: Report) -> int:
+    return int((report.get("totals") or {}).get("actions") or 0)
+
+
+def _job_table(report: Report) -> tuple[list[str], Rows]:
+    jobs: Mapping[str, Mapping[str, Any]] = report.get("jobs") or {}
+    extra = [key for key in ("drifted", "refreshed") if any(key in j for j in jobs.values())]
+    headers = ["job", "actions", "by action", "skipped", "errors", "LLM calls", *extra]
+    rows = [
+        [
+            name,
+            j.get("actions", 0),
+            _counts_text(j.get("by_action")),
+            j.get("skipped", 0),
+            j.get("errors", 0),
+            j.get("llm_calls", 0),
+            *(j.get(key) for key in extra),
+        ]
+        for name, j in jobs.items()
+    ]
+    return headers, rows
+
+
+def _per_user(report: Report) -> Mapping[str, Mapping[str, Any]]:
+    if report.get("per_user") is not None:
+        return report["per_user"]
+    counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    for action in _actions(report):
+        counts[action.get("user_id")][action.get("action")] += 1
+    return {user: {"actions": c.total(), "by_action": dict(c)} for user, c in counts.items()}
+
+
+def _user_rows(report: Report) -> tuple[Rows, int]:
+    stats = _per_user(report).items()
+    ranked = sorted(stats, key=lambda kv: (-kv[1].get("actions", 0), str(kv[0])))
+    rows = [[user, s.get("actions", 0), _counts_text(s.get("by_action"))] for user, s in ranked]
+    return rows[:TOP_USERS], max(0, len(rows) - TOP_USERS)
+
+
+def _reason_rows(report: Report) -> Rows:
+    keys = ((a.get("job"), a.get("action"), a.get("reason")) for a in _actions(report))
+    return [[*key, n] for key, n in Counter(keys).most_common()]
+
+
+def _samples(report: Report) -> dict[str, list[tuple[str, int, Rows]]]:
+    """Per job: (action kind, how many in all, the first SAMPLE_ROWS rows)."""
+    groups: defaultdict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for action in _actions(report):
+        if action.get("action") != "deferred":
+            groups[(action.get("job"), action.get("action"))].append(action)
+    by_job: defaultdict[str, list[tuple[str, int, Rows]]] = defaultdict(list)
+    for (job, kind), members in groups.items():
+        by_job[job].append((kind, len(members), [_sample_row(a) for a in members[:SAMPLE_ROWS]]))
+    return dict(by_job)
+
+
+def _sample_row(action: Mapping[str, Any]) -> list[Any]:
+    details = action.get("details") or {}
+    return [
+        _short_id(action.get("memory_id")),
+        action.get("user_id"),
+        action.get("reason"),
+        _preview(details.get("content")),
+        _details_text(details),
+    ]
+
+
+def _deferred_rows(report: Report) -> tuple[Rows, int]:
+    groups = [a for a in _actions(report) if a.get("action") == "deferred"]
+    rows = [
+        [
+            a.get("job"),
+            a.get("user_id"),
+            a.get("reason"),
+            _id_list((a.get("details") or {}).get("memory_ids") or []),
+        ]
+        for a in groups[:DEFERRED_GROUPS]
+    ]
+    return rows, max(0, len(groups) - DEFERRED_GROUPS)
+
+
+def _llm_rows(report: Report) -> Rows:
+    return [[key.replace("_", " "), n] for key, n in (report.get("llm") or {}).items()]
+
+
+# -- small text helpers ---------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def _counts_text(counts: Mapping[str, int] | None) -> str:
+    return ", ".join(f"{k} {n:,}" for k, n in (counts or {}).items() if n) or "—"
+
+
+def _short_id(value: Any) -> str:
+    text = _text(value)
+    return text[:8] if _UUID.match(text) else text
+
+
+def _preview(content: Any) -> str:
+    if content is None:
+        return "—"
+    text = " ".join(str(content).split())
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+def _details_text(details: Mapping[str, Any]) -> str:
+    shown = [f"{k}={_short_id(v)}" for k, v in details.items() if k not in _LIST_KEYS]
+    return ", ".join(shown) or "—"
+
+
+def _id_list(ids: Sequence[Any]) -> str:
+    return f"{len(ids)}: " + _limited([_short_id(i) for i in ids], 8)
+
+
+def _limited(items: Iterable[Any], limit: int) -> str:
+    items = [str(i) for i in items]
+    more = f" … and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _more_note(more: int, what: str) -> str:
+    return f"… and {more:,} more {what}" if more else ""
+
+
+# -- Markdown -------------------------------------------------------------------------------
+
+
+def render_markdown(report: Report) -> str:
+    """The report as a Markdown document for people."""
+    blocks = [
+        f"# memory-gc report {_md(report.get('run_id'))}",
+        _md_banner(report),
+        "\n".join(f"- **{label}:** {_md(value)}" for label, value in _header_rows(report)),
+    ]
+    blocks += ["## Totals", _md_totals(report), "## Jobs", _md_table(*_job_table(report))]
+    if _actions(report):
+        blocks += _md_details(report)
+    blocks += ["## LLM usage", _md_table(["metric", "count"], _llm_rows(report))]
+    return "\n\n".join(block for block in blocks if block) + "\n"
+
+
+def _md(value: Any) -> str:
+    text = re.sub(r"\r\n|\r|\n", " ", _text(value))
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _md_banner(report: Report) -> str:
+    run_id = _md(report.get("run_id"))
+    if _is_dry_run(report):
+        return (
+            f"> **Dry run — nothing was changed.** To apply exactly this plan, run "
+            f"`memory-gc apply {run_id}`"
+        )
+    return f"> Applied. To undo while the rows still exist: `memory-gc restore --run {run_id}`"
+
+
+def _md_totals(report: Report) -> str:
+    if not _total_actions(report):
+        return NOTHING_TO_DO
+    return f"**{_total_actions(report):,} actions**\n\n" + _md_table(
+        ["action", "count"], _total_rows(report)
+    )
+
+
+def _md_details(report: Report) -> list[str]:
+    users, more_users = _user_rows(report)
+    blocks = [
+        "## Per user",
+        _md_table(["user", "actions", "by action"], users),
+        _more_note(more_users, "users"),
+        "## Reasons",
+        _md_table(["job", "action", "reason", "count"], _reason_rows(report)),
+        "## Samples",
+    ]
+    for job, groups in _samples(report).items():
+        for kind, total, rows in groups:
+            blocks += [
+                f"### {_md(job)} — {_md(kind)} ({len(rows)} of {total:,})",
+                _md_table(SAMPLE_HEADERS, rows),
+            ]
+    deferred, more_deferred = _deferred_rows(report)
+    if deferred:
+        blocks += [
+            "## Deferred groups",
+            _md_table(["job", "user", "reason", "memories"], deferred),
+            _more_note(more_deferred, "groups"),
+        ]
+    return blocks
+
+
+def _md_table(headers: Sequence[str], rows: Rows) -> str:
+    lines = [
+        "| " + " | ".join(_md(h) for h in headers) + " |",
+        "|" + "|".join("---" for _ in headers) + "|",
+    ]
+    lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# -- HTML -----------------------------------------------------------------------------------
+
+
+class _Html(str):
+    """Markup built in this module: inserted as is, where any other value is escaped."""
+
+
+def _e(value: Any) -> str:
+    return value if isinstance(value, _Html) else html.escape(_text(value))
+
+
+def render_html(report: Report) -> str:
+    """The report as one self-contained HTML page (inline CSS, no scripts, no assets)."""
+    body = [
+        f"<h1>memory-gc report <code>{_e(report.get('run_id'))}</code></h1>",
+        _h_banner(report),
+        _h_meta(report),
+        "<h2>Totals</h2>",
+        _h_totals(report),
+        "<h2>Jobs</h2>",
+        _h_jobs(report),
+    ]
+    if _actions(report):
+        body += _h_details(report)
+    body += ["<h2>LLM usage</h2>", _h_cards(_llm_rows(report))]
+    return _PAGE.format(
+        title=_e(f"memory-gc report {_text(report.get('run_id'))}"),
+        css=_CSS,
+        body="\n".join(part for part in body if part),
+    )
+
+
+def _h_banner(report: Report) -> str:
+    run_id = _e(report.get("run_id"))
+    if _is_dry_run(report):
+        return (
+            '<p class="banner dry"><strong>Dry run — nothing was changed.</strong> '
+            f"To apply exactly this plan, run <code>memory-gc apply {run_id}</code></p>"
+        )
+    return (
+        '<p class="banner applied"><strong>Applied.</strong> To undo while the rows still '
+        f"exist: <code>memory-gc restore --run {run_id}</code></p>"
+    )
+
+
+def _h_meta(report: Report) -> str:
+    items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in _header_rows(report))
+    return f'<dl class="meta">{items}</dl>'
+
+
+def _h_cards(rows: Rows, lead: tuple[str, int] | None = None) -> str:
+    cards = [lead] if lead else []
+    cards += [(label, n) for label, n in rows]
+    return (
+        '<div class="cards">'
+        + "".join(
+            f'<div class="card"><span class="n">{_e(n)}</span>'
+            f'<span class="l">{_e(label)}</span></div>'
+            for label, n in cards
+        )
+        + "</div>"
+    )
+
+
+def _h_totals(report: Report) -> str:
+    if not _total_actions(report):
+        return f'<p class="empty">{_e(NOTHING_TO_DO)}</p>'
+    return _h_cards(_total_rows(report), lead=("actions in all", _total_actions(report)))
+
+
+def _h_jobs(report: Report) -> str:
+    headers, rows = _job_table(report)
+    peak = max((row[1] for row in rows), default=0) or 1
+    bars = [
+        _Html(f'<div class="bar"><span style="width:{100 * row[1] / peak:.1f}%"></span></div>')
+        for row in rows
+    ]
+    return _h_table([*headers, "share"], [[*row, bar] for row, bar in zip(rows, bars, strict=True)])
+
+
+def _h_details(report: Report) -> list[str]:
+    users, more_users = _user_rows(report)
+    deferred, more_deferred = _deferred_rows(report)
+    parts = [
+        "<h2>Per user</h2>",
+        _h_table(["user", "actions", "by action"], users),
+        _h_note(_more_note(more_users, "users")),
+        "<h2>Reasons</h2>",
+        _h_table(["job", "action", "reason", "count"], _reason_rows(report)),
+        "<h2>Samples</h2>",
+        *(_h_job_samples(job, g) for job, g in _samples(report).items()),
+    ]
+    if deferred:
+        parts += [
+            "<h2>Deferred groups</h2>",
+            _h_table(["job", "user", "reason", "memories"], deferred),
+            _h_note(_more_note(more_deferred, "groups")),
+        ]
+    return parts
+
+
+def _h_job_samples(job: str, groups: list[tuple[str, int, Rows]]) -> str:
+    total = sum(n for _, n, _ in groups)
+    inner = "".join(
+        f"<h3>{_e(kind)} <small>{len(rows)} of {total_kind:,}</small></h3>"
+        + _h_table(SAMPLE_HEADERS, rows)
+        for kind, total_kind, rows in groups
+    )
+    summary = f"<summary>{_e(job)} <small>{total:,} actions</small></summary>"
+    return f"<details>{summary}{inner}</details>"
+
+
+def _h_note(text: str) -> str:
+    return f'<p class="note">{_e(text)}</p>' if text else ""
+
+
+def _h_table(headers: Sequence[str], rows: Rows) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(_h_cell(c) for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _h_cell(value: Any) -> str:
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    return f'<td class="num">{_e(value)}</td>' if numeric else f"<td>{_e(value)}</td>"
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>{css}</style>
+</head>
+<body>
+<main>
+{body}
+</main>
+</body>
+</html>
+"""
+
+_CSS = """
+:root { --ink: #1f2328; --muted: #656d76; --line: #d0d7de; --zebra: #f6f8fa;
+  --accent: #0969da; --warn-bg: #fff8c5; --warn-line: #d4a72c; --ok-bg: #dafbe1;
+  --ok-line: #4ac26b; }
+* { box-sizing: border-box; }
+body { margin: 0; color: var(--ink); background: #fff; line-height: 1.5;
+  font: 15px/1.5 -apple-system, BlinkMacSystemFont, "Segoe UI", Helvetica, Arial, sans-serif; }
+main { max-width: 1100px; margin: 0 auto; padding: 24px 32px 64px; }
+h1 { font-size: 1.6rem; margin: 0 0 12px; }
+h2 { font-size: 1.2rem; margin: 32px 0 10px; padding-bottom: 4px;
+  border-bottom: 1px solid var(--line); }
+h3 { font-size: 1rem; margin: 16px 0 6px; }
+small { color: var(--muted); font-weight: normal; }
+code { font: 0.9em ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
+  background: var(--zebra); padding: 1px 5px; border-radius: 4px; }
+.banner { padding: 10px 14px; border-radius: 6px; border: 1px solid; margin: 12px 0; }
+.banner.dry { background: var(--warn-bg); border-color: var(--warn-line); }
+.banner.applied { background: var(--ok-bg); border-color: var(--ok-line); }
+.meta { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 0; }
+.meta dt { color: var(--muted); }
+.meta dd { margin: 0; overflow-wrap: anywhere; }
+.cards { display: flex; flex-wrap: wrap; gap: 12px; }
+.card { border: 1px solid var(--line); border-radius: 8px; padding: 10px 16px;
+  min-width: 130px; display: flex; flex-direction: column; }
+.card .n { font-size: 1.5rem; font-weight: 600; font-variant-numeric: tabular-nums; }
+.card .l { color: var(--muted); font-size: 0.85rem; }
+.card:first-child { border-color: var(--accent); }
+.empty { font-size: 1.1rem; color: var(--muted); padding: 12px 0; }
+table { border-collapse: collapse; width: 100%; margin: 6px 0 10px; font-size: 0.9rem; }
+th, td { text-align: left; padding: 5px 10px; border-bottom: 1px solid var(--line);
+  vertical-align: top; overflow-wrap: anywhere; }
+th { background: var(--zebra); font-weight: 600; }
+tbody tr:nth-child(even) { background: var(--zebra); }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.bar { background: #eaeef2; border-radius: 3px; height: 10px; min-width: 120px; }
+.bar span { display: block; height: 100%; background: var(--accent); border-radius: 3px; }
+details { border: 1px solid var(--line); border-radius: 6px; padding: 6px 12px; margin: 8px 0; }
+summary { cursor: pointer; font-weight: 600; }
+.note { color: var(--muted); margin: 4px 0; }
+"""

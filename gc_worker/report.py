@@ -1,0 +1,125 @@
+"""Build a run's report (DESIGN.md section 5, ``report_version`` 1) from what was recorded.
+
+The report is derived from ``gc_runs``, ``gc_run_batches`` and ``gc_actions`` only, so it can
+be rendered again at any time (``memory-gc report RUN_ID``) and says exactly what was stored.
+Rendering to Markdown / HTML lives in gc_worker.render.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.engine import Connection
+
+from gc_worker import render
+from gc_worker.engine import load_run
+from gc_worker.queries import q
+
+REPORT_VERSION = 1
+LISTED = ("planned", "applied", "restored")
+LLM_KEYS = ("calls", "input_tokens", "output_tokens", "cache_hits")
+
+
+def build_report(conn: Connection, run_id: UUID) -> dict[str, Any]:
+    run = load_run(conn, run_id)
+    job_rows = _job_counters(conn, run)
+    actions, drifted = [], []
+    for row in conn.execute(q("run_actions"), {"run_id": run_id}):
+        entry = _action_entry(row)
+        (drifted if row.outcome == "drifted" else actions).append(entry)
+    _count(actions, job_rows)
+    by_action = Counter(a["action"] for a in actions)
+    return {
+        "report_version": REPORT_VERSION,
+        "run_id": str(run["id"]),
+        "mode": run["mode"],
+        "status": run["status"],
+        "now": _iso(run["now"]),
+        "started_at": _iso(run["started_at"]),
+        "finished_at": _iso(run["finished_at"]),
+        "plan_run_id": _str(run["plan_run_id"]),
+        "applied_by": _str(run["applied_by"]),
+        "scope": {"users": run["users"], "jobs": list(run["jobs"])},
+        "totals": {"actions": len(actions), "by_action": dict(sorted(by_action.items()))},
+        "jobs": job_rows,
+        "per_user": _per_user(actions),
+        "actions": actions,
+        "drifted": drifted,
+        "llm": _llm_totals(conn, run),
+    }
+
+
+def _job_counters(conn: Connection, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    rows = {
+        job: {"actions": 0, "by_action": {}, "skipped": 0, "errors": 0, "llm_calls": 0,
+              "refreshed": 0, "drifted": 0}
+        for job in run["jobs"]
+    }  # fmt: skip
+    for (stats,) in conn.execute(q("run_batch_stats"), {"run_id": run["id"]}):
+        for job, counters in stats.items():
+            if job.startswith("_"):
+                continue
+            row = rows.setdefault(job, {"actions": 0, "by_action": {}, "skipped": 0})
+            for key, value in counters.items():
+                row[key] = row.get(key, 0) + value
+    for row in rows.values():
+        row["skipped"] = row.get("skipped", 0) + row.get("drifted", 0)
+    return rows
+
+
+def _count(actions: list[dict[str, Any]], job_rows: dict[str, dict[str, Any]]) -> None:
+    for action in actions:
+        row = job_rows.setdefault(action["job"], {"actions": 0, "by_action": {}, "skipped": 0})
+        row["actions"] += 1
+        row["by_action"][action["action"]] = row["by_action"].get(action["action"], 0) + 1
+
+
+def _action_entry(row: Any) -> dict[str, Any]:
+    details = dict(row.details)
+    if row.content_preview is not None:
+        details["content"] = row.content_preview
+    return {
+        "job": row.job,
+        "action": row.action,
+        "memory_id": _str(row.memory_id),
+        "user_id": row.user_id,
+        "reason": row.reason,
+        "details": details,
+    }
+
+
+def _per_user(actions: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    users: dict[str, Counter] = defaultdict(Counter)
+    for action in actions:
+        users[action["user_id"]][action["action"]] += 1
+    return {
+        user: {"actions": sum(c.values()), "by_action": dict(sorted(c.items()))}
+        for user, c in sorted(users.items())
+    }
+
+
+def _llm_totals(conn: Connection, run: dict[str, Any]) -> dict[str, int]:
+    totals = Counter({key: 0 for key in LLM_KEYS})
+    for (stats,) in conn.execute(q("run_batch_stats"), {"run_id": run["id"]}):
+        totals.update(stats.get("_llm", {}))
+    return dict(totals)
+
+
+def write_report(report: dict[str, Any], path: Path, fmt: str | None = None) -> Path:
+    """Render ``report`` to ``path`` in ``fmt`` (default: from the path's suffix)."""
+    fmt = fmt or render.format_for_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render.render(report, fmt), encoding="utf-8")
+    return path
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,125 @@
+"""Undo what a run (or the worker, for one memory) did, while the rows still exist.
+
+Each undo is guarded: a row goes back to its prior state only if the worker's change is
+still in place (same status, reason and change instant). Rows changed since, and rows already
+purged, are reported as not restorable and left alone. The undo is itself a run (mode
+``restore``) whose ``restore`` actions say what came back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+from sqlalchemy.engine import Connection, Engine
+
+from gc_worker import audit
+from gc_worker.actions import TARGET_STATUS, Action, Kind
+from gc_worker.db import transaction
+from gc_worker.engine import load_run
+from gc_worker.errors import NotFoundError, UsageError
+from gc_worker.queries import q
+
+
+@dataclass
+class RestoreResult:
+    run_id: UUID
+    restored: list[UUID] = field(default_factory=list)
+    not_restorable: list[UUID] = field(default_factory=list)
+
+
+def restore_run(engine: Engine, run_id: UUID, *, now: datetime | None = None) -> RestoreResult:
+    """Undo every restorable action of ``run_id``."""
+    with transaction(engine) as conn:
+        run = load_run(conn, run_id)
+        if run["mode"] == "dry_run":
+            raise UsageError(
+                f"run {run_id} is a dry run: it changed nothing, so there is nothing to restore"
+            )
+        return _restore(conn, run_id, None, now=now)
+
+
+def restore_memory(
+    engine: Engine, memory_id: UUID, *, now: datetime | None = None
+) -> RestoreResult:
+    """Undo the worker's latest change to one memory (a whole merge when it names a merge)."""
+    with transaction(engine) as conn:
+        latest = conn.execute(q("latest_action_for_memory"), {"memory_id": memory_id}).first()
+        if latest is None:
+            raise NotFoundError(f"the worker has no restorable change to memory {memory_id}")
+        ids = [memory_id]
+        if latest.action == Kind.CREATE_MERGED and latest.grp:
+            members = conn.execute(q("group_members"), {"run_id": latest.run_id, "grp": latest.grp})
+            ids = [row.memory_id for row in members]
+        return _restore(conn, latest.run_id, ids, now=now)
+
+
+def _restore(
+    conn: Connection, run_id: UUID, memory_ids: Sequence[UUID] | None, *, now: datetime | None
+) -> RestoreResult:
+    now = now or datetime.now(UTC)
+    params = {"run_id": run_id, "memory_ids": list(memory_ids) if memory_ids else None}
+    rows = conn.execute(q("restorable_actions"), params).all()
+    restored = set()
+    restored |= _restore_status(conn, [r for r in rows if Kind(r.action) in TARGET_STATUS])
+    restored |= _restore_importance(conn, [r for r in rows if r.action == Kind.SET_IMPORTANCE])
+    restored |= _retire_created(conn, [r for r in rows if r.action == Kind.CREATE_MERGED], now)
+    done = [r for r in rows if r.memory_id in restored]
+    conn.execute(q("mark_restored"), {"ids": [r.action_id for r in done]})
+    result = RestoreResult(run_id=_record_restore_run(conn, run_id, done, now))
+    result.restored = [r.memory_id for r in done]
+    result.not_restorable = [r.memory_id for r in rows if r.memory_id not in restored]
+    return result
+
+
+def _restore_status(conn: Connection, rows: list[Any]) -> set[UUID]:
+    if not rows:
+        return set()
+    params = {
+        "ids": [r.memory_id for r in rows],
+        "expect_status": [TARGET_STATUS[Kind(r.action)] for r in rows],
+        "expect_reason": [r.reason for r in rows],
+        "priors": [json.dumps(r.prior) for r in rows],
+        "run_now": rows[0].run_now,
+    }
+    return set(conn.execute(q("restore_status"), params).scalars())
+
+
+def _restore_importance(conn: Connection, rows: list[Any]) -> set[UUID]:
+    if not rows:
+        return set()
+    params = {
+        "ids": [r.memory_id for r in rows],
+        "expect": [int(r.details["importance"]) for r in rows],
+        "priors": [json.dumps(r.prior) for r in rows],
+        "run_now": rows[0].run_now,
+    }
+    return set(conn.execute(q("restore_importance"), params).scalars())
+
+
+def _retire_created(conn: Connection, rows: list[Any], now: datetime) -> set[UUID]:
+    if not rows:
+        return set()
+    ids = [r.memory_id for r in rows]
+    return set(conn.execute(q("retire_created"), {"ids": ids, "now": now}).scalars())
+
+
+def _record_restore_run(conn: Connection, source_run: UUID, rows: list[Any], now: datetime) -> UUID:
+    run_id = uuid4()
+    conn.execute(
+        q("insert_run"),
+        {"id": run_id, "mode": "restore", "trigger": "cli", "now": now, "users": None,
+         "jobs": [], "settings": "{}", "plan_run_id": None},
+    )  # fmt: skip
+    actions = [
+        Action(job=r.job, action=Kind.RESTORE, user_id=r.user_id, reason="restored",
+               memory_id=r.memory_id, details={"undid": r.action, "run": str(source_run)})
+        for r in rows
+    ]  # fmt: skip
+    audit.record(conn, run_id, 0, actions, outcome="applied")
+    conn.execute(q("complete_restore_run"), {"run_id": run_id})
+    return run_id

@@ -1,0 +1,62 @@
+-- lock_rows --
+-- Lock the rows a batch's plan touches (in id order) and read their version and prior state.
+SELECT id, xmin::text::bigint AS row_version, status, status_reason, status_changed_at,
+       superseded_by, deleted_at, valid_until, importance, importance_assessed_at, pinned
+FROM memories
+WHERE id = ANY(:ids)
+ORDER BY id
+FOR UPDATE
+
+-- apply_status --
+-- Retire rows (deleted / obsolete / merged); never a pinned row unless erasure asked for it.
+UPDATE memories m
+SET status = a.status,
+    status_reason = a.reason,
+    status_changed_at = :now,
+    superseded_by = coalesce(a.superseded_by, m.superseded_by),
+    deleted_at = CASE WHEN a.status = 'deleted' THEN :now ELSE m.deleted_at END,
+    valid_until = coalesce(a.valid_until, m.valid_until)
+FROM unnest(CAST(:ids AS uuid[]), CAST(:statuses AS text[]), CAST(:reasons AS text[]),
+            CAST(:superseded AS uuid[]), CAST(:valid_until AS timestamptz[]))
+     AS a(id, status, reason, superseded_by, valid_until)
+WHERE m.id = a.id AND (NOT m.pinned OR a.reason = ANY(:erasure_reasons))
+RETURNING m.id
+
+-- apply_importance --
+-- Write re-assessed importance scores.
+UPDATE memories m
+SET importance = a.importance, importance_assessed_at = :now
+FROM unnest(CAST(:ids AS uuid[]), CAST(:importance AS smallint[])) AS a(id, importance)
+WHERE m.id = a.id AND NOT m.pinned
+RETURNING m.id
+
+-- insert_records --
+-- Insert records the worker creates (merges, summaries) from a JSON array of column values.
+INSERT INTO memories (id, user_id, content, embedding, memory_type, source, scope, slot,
+                      importance, importance_assessed_at, confidence, created_at, updated_at,
+                      last_accessed_at, access_count, observed_at, valid_from, valid_until,
+                      expires_at, metadata)
+SELECT r.id, r.user_id, r.content, r.embedding, coalesce(r.memory_type, 'semantic'),
+       coalesce(r.source, 'gc_merge'), r.scope, r.slot, coalesce(r.importance, 3),
+       r.importance_assessed_at, coalesce(r.confidence, 1.0), coalesce(r.created_at, :now),
+       coalesce(r.updated_at, :now), r.last_accessed_at, coalesce(r.access_count, 0),
+       coalesce(r.observed_at, :now), r.valid_from, r.valid_until, r.expires_at,
+       coalesce(r.metadata, '{}')
+FROM jsonb_populate_recordset(NULL::memories, CAST(:records AS jsonb)) AS r
+RETURNING id
+
+-- insert_lineage --
+-- Record which rows a created record was made from.
+INSERT INTO memory_lineage (derived_id, source_id)
+SELECT * FROM unnest(CAST(:derived AS uuid[]), CAST(:sources AS uuid[]))
+ON CONFLICT DO NOTHING
+
+-- purge_rows --
+-- Physically delete rows (their lineage goes by ON DELETE CASCADE).
+DELETE FROM memories WHERE id = ANY(:ids) RETURNING id
+
+-- scrub_audit --
+-- Remove purged rows' content from the audit and plans.
+UPDATE gc_actions
+SET content_preview = NULL, details = details - 'record' - 'content'
+WHERE memory_id = ANY(:ids) AND (content_preview IS NOT NULL OR details ?| array['record', 'content'])

@@ -1,0 +1,85 @@
+-- ttl_expiry_candidates --
+-- Active, unpinned rows of a user batch whose TTL has passed at :now.
+SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
+       expires_at
+FROM memories
+WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
+  AND expires_at <= :now AND NOT (id = ANY(:taken))
+ORDER BY user_id, id
+
+-- decay_candidates --
+-- Active, unpinned rows past the grace period whose decayed confidence is under the floor
+-- (rows re-assessed earlier in this batch are included so the plan can use their new importance).
+SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
+       importance, confidence, created_at, updated_at, last_accessed_at
+FROM memories
+WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
+  AND created_at <= :grace_cutoff AND NOT (id = ANY(:taken))
+  AND (id = ANY(:reassessed) OR (
+        importance <= :max_importance
+        AND memory_gc_decayed(confidence, importance,
+              greatest(created_at, updated_at, last_accessed_at), :now,
+              :half_life_days, :multipliers) < :forget_below))
+ORDER BY user_id, id
+
+-- decay_refresh --
+-- Rewrite decayed_confidence where it moved by more than :epsilon (never on pinned rows).
+UPDATE memories
+SET decayed_confidence = memory_gc_decayed(confidence, importance,
+        greatest(created_at, updated_at, last_accessed_at), :now, :half_life_days, :multipliers)
+WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
+  AND (decayed_confidence IS NULL
+       OR abs(decayed_confidence - memory_gc_decayed(confidence, importance,
+              greatest(created_at, updated_at, last_accessed_at), :now,
+              :half_life_days, :multipliers)) > :epsilon)
+
+-- decay_refresh_count --
+-- How many rows decay_refresh would rewrite after the batch's planned actions (dry runs).
+SELECT count(*)
+FROM memories
+WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned AND NOT (id = ANY(:taken))
+  AND (decayed_confidence IS NULL
+       OR abs(decayed_confidence - memory_gc_decayed(confidence, importance,
+              greatest(created_at, updated_at, last_accessed_at), :now,
+              :half_life_days, :multipliers)) > :epsilon)
+
+-- usage_prune_candidates --
+-- Active, unpinned rows not used since :unused_cutoff and created before :grace_cutoff.
+SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
+       importance, created_at, last_accessed_at
+FROM memories
+WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
+  AND coalesce(last_accessed_at, created_at) <= :unused_cutoff
+  AND created_at <= :grace_cutoff AND NOT (id = ANY(:taken))
+  AND (importance <= :max_importance OR id = ANY(:reassessed))
+ORDER BY user_id, id
+
+-- user_cap_counts --
+-- Users of the batch with more active rows than the cap (pinned rows count, rows already acted on don't).
+SELECT user_id, count(*) AS active
+FROM memories
+WHERE user_id = ANY(:users) AND status = 'active' AND NOT (id = ANY(:taken))
+GROUP BY user_id
+HAVING count(*) > :floor
+
+-- user_cap_candidates --
+-- The evictable (active, unpinned) rows of the over-cap users.
+SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
+       importance, created_at, last_accessed_at, memory_type, source, metadata
+FROM memories
+WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned AND NOT (id = ANY(:taken))
+ORDER BY user_id, id
+
+-- hard_delete_candidates --
+-- Soft-deleted / obsolete / merged rows whose retention has run out at :now.
+SELECT id, user_id, xmin::text::bigint AS row_version, status, status_reason, pinned,
+       coalesce(deleted_at, status_changed_at) AS deleted_since,
+       coalesce(status_changed_at, updated_at) AS retired_since
+FROM memories
+WHERE user_id = ANY(:users) AND NOT (id = ANY(:taken))
+  AND ((status = 'deleted' AND coalesce(deleted_at, status_changed_at) <= :deleted_cutoff)
+    OR (status = 'deleted' AND status_reason = ANY(:erasure_reasons)
+        AND coalesce(deleted_at, status_changed_at) <= :erasure_cutoff)
+    OR (status IN ('obsolete', 'merged')
+        AND coalesce(status_changed_at, updated_at) <= :history_cutoff))
+ORDER BY user_id, id

@@ -1,0 +1,57 @@
+-- restorable_actions --
+-- Applied, still-restorable actions of a run (optionally of some memories), newest first.
+SELECT a.id AS action_id, a.run_id, a.job, a.action, a.memory_id, a.user_id, a.reason,
+       a.details, a.prior, r.now AS run_now
+FROM gc_actions a JOIN gc_runs r ON r.id = a.run_id
+WHERE a.run_id = :run_id AND a.outcome = 'applied'
+  AND a.action IN ('soft_delete', 'obsolete', 'merge', 'create_merged', 'set_importance')
+  AND (CAST(:memory_ids AS uuid[]) IS NULL OR a.memory_id = ANY(CAST(:memory_ids AS uuid[])))
+ORDER BY a.batch_no DESC, a.seq DESC
+
+-- latest_action_for_memory --
+-- The worker's most recent applied restorable action on one memory.
+SELECT a.run_id, a.action, a.details ->> 'group' AS grp
+FROM gc_actions a
+WHERE a.memory_id = :memory_id AND a.outcome = 'applied'
+  AND a.action IN ('soft_delete', 'obsolete', 'merge', 'create_merged', 'set_importance')
+ORDER BY a.recorded_at DESC, a.id DESC
+LIMIT 1
+
+-- group_members --
+-- Memories of one action group of a run.
+SELECT memory_id FROM gc_actions
+WHERE run_id = :run_id AND outcome = 'applied' AND details ->> 'group' = :grp
+
+-- restore_status --
+-- Put retired rows back to their prior status, only where the worker's change is still in place.
+UPDATE memories m
+SET status = p.status, status_reason = p.status_reason, status_changed_at = p.status_changed_at,
+    superseded_by = p.superseded_by, deleted_at = p.deleted_at, valid_until = p.valid_until
+FROM unnest(CAST(:ids AS uuid[]), CAST(:expect_status AS text[]), CAST(:expect_reason AS text[]),
+            CAST(:priors AS jsonb[])) AS a(id, expect_status, expect_reason, prior),
+     jsonb_to_record(a.prior) AS p(status text, status_reason text, status_changed_at timestamptz,
+                                   superseded_by uuid, deleted_at timestamptz, valid_until timestamptz)
+WHERE m.id = a.id AND m.status = a.expect_status AND m.status_reason = a.expect_reason
+  AND m.status_changed_at = :run_now
+RETURNING m.id
+
+-- restore_importance --
+-- Put re-assessed importance back, only where the worker's score is still in place.
+UPDATE memories m
+SET importance = (a.prior ->> 'importance')::smallint,
+    importance_assessed_at = (a.prior ->> 'importance_assessed_at')::timestamptz
+FROM unnest(CAST(:ids AS uuid[]), CAST(:expect AS smallint[]), CAST(:priors AS jsonb[]))
+     AS a(id, expect, prior)
+WHERE m.id = a.id AND m.importance = a.expect AND m.importance_assessed_at = :run_now
+RETURNING m.id
+
+-- retire_created --
+-- Take records a run created (merges, summaries) off the read path again.
+UPDATE memories m
+SET status = 'deleted', status_reason = 'restored', status_changed_at = :now, deleted_at = :now
+WHERE m.id = ANY(:ids) AND m.status = 'active'
+RETURNING m.id
+
+-- mark_restored --
+-- Mark audit rows whose change was undone.
+UPDATE gc_actions SET outcome = 'restored' WHERE id = ANY(:ids)

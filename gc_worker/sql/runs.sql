@@ -1,0 +1,91 @@
+-- run_users --
+-- Every user with at least one memory, by a loose index scan over memories_user_status_idx.
+WITH RECURSIVE u AS (
+    (SELECT user_id FROM memories ORDER BY user_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT m.user_id FROM memories m WHERE m.user_id > u.user_id
+            ORDER BY m.user_id LIMIT 1)
+    FROM u WHERE u.user_id IS NOT NULL
+)
+SELECT user_id FROM u WHERE user_id IS NOT NULL
+
+-- known_users --
+-- Which of the given users have any memory.
+SELECT DISTINCT user_id FROM memories WHERE user_id = ANY(:users)
+
+-- insert_run --
+-- Record a new run.
+INSERT INTO gc_runs (id, mode, trigger, now, users, jobs, settings, plan_run_id)
+VALUES (:id, :mode, :trigger, :now, :users, :jobs, CAST(:settings AS jsonb), :plan_run_id)
+
+-- claim_batch --
+-- Take the next pending batch of a run; a batch another worker holds is skipped, and its lock
+-- (held by that worker's open transaction) disappears if the worker dies.
+SELECT batch_no, users
+FROM gc_run_batches
+WHERE run_id = :run_id AND state = 'pending'
+ORDER BY batch_no
+LIMIT 1
+FOR UPDATE SKIP LOCKED
+
+-- finish_batch --
+-- Mark a claimed batch done with its per-job counters.
+UPDATE gc_run_batches
+SET state = 'done', worker = :worker, finished_at = clock_timestamp(),
+    stats = CAST(:stats AS jsonb)
+WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
+
+-- complete_run --
+-- Close a run once no batch is pending.
+UPDATE gc_runs
+SET status = 'completed', finished_at = clock_timestamp()
+WHERE id = :run_id AND status = 'running'
+  AND NOT EXISTS (SELECT 1 FROM gc_run_batches b WHERE b.run_id = :run_id AND b.state = 'pending')
+RETURNING id
+
+-- fail_run --
+-- Record why a run stopped; its finished batches stay applied, the rest never started.
+UPDATE gc_runs SET status = 'failed', finished_at = clock_timestamp(), error = :error
+WHERE id = :run_id AND status = 'running'
+
+-- get_run --
+-- One run.
+SELECT * FROM gc_runs WHERE id = :run_id
+
+-- claim_plan --
+-- Mark a completed dry run as being applied by a new run (at most once).
+UPDATE gc_runs SET applied_by = :apply_run_id
+WHERE id = :plan_run_id AND mode = 'dry_run' AND status = 'completed' AND applied_by IS NULL
+RETURNING id
+
+-- copy_batches --
+-- An apply run walks the same user batches as its plan.
+INSERT INTO gc_run_batches (run_id, batch_no, users)
+SELECT :run_id, batch_no, users FROM gc_run_batches WHERE run_id = :plan_run_id
+
+-- planned_actions --
+-- The stored plan of one batch, in plan order.
+SELECT job, action, memory_id, user_id, reason, details, row_version, content_preview
+FROM gc_actions
+WHERE run_id = :run_id AND batch_no = :batch_no AND outcome = 'planned'
+ORDER BY seq
+
+-- run_actions --
+-- A run's actions in order, for its report.
+SELECT job, action, memory_id, user_id, reason, details, outcome, content_preview
+FROM gc_actions
+WHERE run_id = :run_id
+ORDER BY batch_no, seq
+
+-- run_batch_stats --
+-- Per-batch job counters of a run.
+SELECT stats FROM gc_run_batches WHERE run_id = :run_id AND state = 'done'
+
+-- recent_runs --
+-- The latest runs, newest first.
+SELECT id, mode, status, trigger, now, started_at, finished_at, plan_run_id, applied_by
+FROM gc_runs ORDER BY started_at DESC LIMIT :limit
+
+-- complete_restore_run --
+-- A restore run has no batches; it is complete when its transaction commits.
+UPDATE gc_runs SET status = 'completed', finished_at = clock_timestamp() WHERE id = :run_id

@@ -1,0 +1,91 @@
+"""decay: half-life confidence scores, and forgetting what decayed below the floor.
+
+Options (``[decay]``, defaults in config/default.toml):
+    half_life_days = 30.0          base half-life
+    importance_multipliers = [...] half-life × this for importance 1..5
+    forget_below = 0.05            decayed confidence under this → soft delete …
+    forget_max_importance = 2      … only for importance ≤ this
+    grace_days = 14                … and only for rows created at least this long ago
+    epsilon = 0.01                 rewrite decayed_confidence only when it moved more than this
+
+decayed = confidence × 0.5^(age / (half_life × multiplier[importance])), age measured from
+greatest(created_at, updated_at, last_accessed_at) and never negative. It is a pure function
+of stored columns and ``now``: re-running never compounds. Emits ``soft_delete`` with reason
+``decayed``; score refreshes are counted as ``refreshed`` in the job, not listed. Pinned rows
+are neither scored nor forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from gc_worker.actions import Action, soft_delete
+from gc_worker.batch import BatchContext
+from gc_worker.config import DecaySettings
+from gc_worker.queries import q
+
+NAME = "decay"
+REASON = "decayed"
+SECONDS_PER_DAY = 86_400.0
+
+
+def decay_anchor(row: Any) -> datetime:
+    return max(t for t in (row.created_at, row.updated_at, row.last_accessed_at) if t is not None)
+
+
+def decayed_confidence(
+    confidence: float, importance: int, anchor: datetime, *, now: datetime, policy: DecaySettings
+) -> float:
+    """The Python twin of the SQL function memory_gc_decayed."""
+    age_days = max((now - anchor).total_seconds(), 0.0) / SECONDS_PER_DAY
+    half_life = policy.half_life_days * policy.importance_multipliers[importance - 1]
+    return confidence * 0.5 ** (age_days / half_life)
+
+
+def plan_decay(
+    rows: Iterable[Any], policy: DecaySettings, *, now: datetime, importance: dict | None = None
+) -> list[Action]:
+    """Soft-delete low-importance rows past the grace period whose score fell under the floor."""
+    importance = importance or {}
+    grace_cutoff = now - timedelta(days=policy.grace_days)
+    actions = []
+    for row in rows:
+        level = importance.get(row.id, row.importance)
+        if level > policy.forget_max_importance or row.created_at > grace_cutoff:
+            continue
+        score = decayed_confidence(row.confidence, level, decay_anchor(row), now=now, policy=policy)
+        if score < policy.forget_below:
+            actions.append(soft_delete(NAME, row, REASON, decayed_confidence=round(score, 6)))
+    return actions
+
+
+def refresh_params(ctx: BatchContext) -> dict[str, Any]:
+    policy = ctx.settings.decay
+    return {
+        "users": ctx.users,
+        "now": ctx.now,
+        "half_life_days": policy.half_life_days,
+        "multipliers": list(policy.importance_multipliers),
+        "epsilon": policy.epsilon,
+    }
+
+
+def plan(ctx: BatchContext) -> list[Action]:
+    policy = ctx.settings.decay
+    params = refresh_params(ctx) | ctx.params(
+        grace_cutoff=ctx.now - timedelta(days=policy.grace_days),
+        max_importance=policy.forget_max_importance,
+        forget_below=policy.forget_below,
+    )
+    rows = ctx.conn.execute(q("decay_candidates"), params)
+    return plan_decay(rows, policy, now=ctx.now, importance=ctx.importance)
+
+
+def refresh(ctx: BatchContext) -> int:
+    """Rewrite moved scores (or, in a dry run, count them); runs after the batch's actions."""
+    if ctx.dry_run:
+        params = refresh_params(ctx) | {"taken": list(ctx.taken)}
+        return int(ctx.conn.execute(q("decay_refresh_count"), params).scalar_one())
+    return ctx.conn.execute(q("decay_refresh"), refresh_params(ctx)).rowcount

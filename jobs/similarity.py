@@ -1,0 +1,421 @@
+"""Pure similarity building blocks for the `compaction` and `contradiction` jobs.
+
+No database, no clock, no LLM: every function here is a deterministic function of its arguments.
+
+Text
+    normalise_text(text)             casefold + NFKC, whitespace collapsed, surrounding punctuation
+                                     stripped; equal results = exact duplicates offline.
+    content_hash(user_id, text)      sha256 hex of user_id + NUL + normalised text (tombstones).
+    near_miss_reasons(a, b)          reason codes (number, date, negation, name, direction,
+                                     antonym) why two look-alike texts must NOT be merged or
+                                     obsoleted offline; [] = safe to treat as duplicates.
+
+Vectors
+    invalid_vector_rows(vectors)     rows with a NaN/inf or zero norm; every function below skips
+                                     them (they never join a group or a pair).
+    cosine_matrix(vectors)           pairwise cosine similarity; invalid rows/columns are NaN.
+    complete_linkage_groups(...)     groups (size >= 2, <= max_group_size) in which EVERY pair
+                                     reaches `similarity` - no chaining.
+    pairs_above(...)                 all pairs reaching `similarity`, most similar first.
+
+A pair "reaches" a threshold when its cosine is >= similarity - SIMILARITY_TOLERANCE (1e-9), so a
+pair constructed at exactly the threshold counts as within despite floating-point rounding.
+
+Near-miss policy ("Has 2 cats" vs "Has two cats"): number words zero..twenty and the tens are read
+as their values, so those two texts give []; a number we cannot read compares as text, and number
+and date sequences compare in order, so the heuristic errs towards flagging (the LLM decides).
+Names: a capitalised word counts unless it opens a sentence AND is a common function word ("The",
+"User", "It" ...), so "Alice is my sister" vs "Bob is my sister" is flagged; a name only differs
+when its casefolded word is absent from the other text, so "User lives in Berlin." vs "user lives
+in Berlin" gives [].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
+
+import numpy as np
+from sklearn.cluster import AgglomerativeClustering
+
+Id = TypeVar("Id", bound=Hashable)
+
+SIMILARITY_TOLERANCE = 1e-9
+
+# ---------------------------------------------------------------------------------------------
+# Text normalisation and hashing
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_edge_junk(char: str) -> bool:
+    return char.isspace() or unicodedata.category(char).startswith("P")
+
+
+def normalise_text(text: str) -> str:
+    """Casefold, NFKC, collapse whitespace and strip surrounding punctuation."""
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    collapsed = " ".join(folded.split())
+    start, end = 0, len(collapsed)
+    while start < end and _is_edge_junk(collapsed[start]):
+        start += 1
+    while end > start and _is_edge_junk(collapsed[end - 1]):
+        end -= 1
+    return collapsed[start:end]
+
+
+def content_hash(user_id: str, text: str) -> str:
+    """Return the sha256 hex digest of ``user_id + NUL + normalise_text(text)``."""
+    payload = f"{user_id}\0{normalise_text(text)}".encode()
+    return hashlib.sha256(payload).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Near-miss guard
+# ---------------------------------------------------------------------------------------------
+
+_TOKEN = re.compile(r"\w+(?:['.,:/-]\w+)*")
+_SENTENCE_START = re.compile(r"(?:^|[.!?:;\n])[\s\"'\u201c\u2018(\[*\u2022-]*$")
+_DATE_TOKEN = re.compile(
+    r"(?:19|20)\d{2}(?:-\d{1,2}(?:-\d{1,2})?)?|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
+)
+_CLOCK_SUFFIX = re.compile(r"(\d)\s*([ap])\.?m\b\.?", re.IGNORECASE)
+_DIGITS_COMMA = re.compile(r"(?<=\d),(?=\d{3}\b)")
+
+_UNIT_WORDS = (
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+    "nineteen", "twenty",
+)  # fmt: skip
+_TENS_WORDS = ("thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+_NUMBER_WORDS = (
+    {word: str(value) for value, word in enumerate(_UNIT_WORDS)}
+    | {word: str(10 * tens) for tens, word in enumerate(_TENS_WORDS, start=3)}
+    | {"hundred": "100", "thousand": "1000", "million": "1000000"}
+)
+
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_MONTHS = (
+    "january", "february", "march", "april", "may", "june", "july", "august", "september",
+    "october", "november", "december",
+)  # fmt: skip
+_DATE_WORDS = (
+    {day: day for day in _WEEKDAYS}
+    | {day + "s": day for day in _WEEKDAYS}
+    | {"tue": "tuesday", "tues": "tuesday", "thu": "thursday", "thurs": "thursday"}
+    | {"fri": "friday", "today": "today", "tomorrow": "tomorrow", "yesterday": "yesterday"}
+    | {"tonight": "tonight", "weekend": "weekend", "weekends": "weekend"}
+    | {month: month for month in _MONTHS}
+    | {month[:3]: month for month in _MONTHS if month not in ("may", "march")}
+    | {"sept": "september"}
+)
+_CASE_SENSITIVE_MONTHS = {"may", "march"}  # modal verb / verb unless capitalised
+
+_NEGATIONS = {
+    "not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot",
+    "dont", "doesnt", "didnt", "isnt", "arent", "wasnt", "werent", "cant", "couldnt",
+    "shouldnt", "wouldnt", "havent", "hasnt", "hadnt",
+}  # fmt: skip
+
+_DIRECTION_MARKERS = {
+    "from", "to", "into", "onto", "toward", "towards", "than", "before", "after", "over",
+    "above", "below", "under",
+}  # fmt: skip
+_DIRECTION_BOUNDARIES = {"and", "or", "but", "in", "on", "at", "with", "for", "by", "because"}
+_STOPWORDS = {"the", "a", "an", "of", "is", "are", "be", "was", "were"}
+# A capital on these opening a sentence is grammar, not a name ("The user ..." vs "User ...").
+_SENTENCE_STARTERS = {
+    "the", "a", "an", "this", "that", "these", "those", "there", "here", "it", "its", "he",
+    "she", "they", "we", "you", "i", "my", "his", "her", "their", "our", "your", "user", "users",
+    "in", "on", "at", "for", "from", "to", "with", "by", "and", "or", "but", "if", "when",
+    "every", "each", "all", "some", "always", "also", "has", "have", "had", "is", "was", "are",
+    "does", "do", "did", "can", "will", "would", "should", "must",
+}  # fmt: skip
+
+_ANTONYM_GROUPS: tuple[tuple[frozenset[str], ...], ...] = tuple(
+    tuple(frozenset(family.split()) for family in group)
+    for group in (
+        ("like likes liked liking", "dislike dislikes disliked disliking"),
+        ("love loves loved loving", "hate hates hated hating"),
+        ("prefer prefers preferred preferring", "avoid avoids avoided avoiding"),
+        ("morning mornings", "afternoon afternoons", "evening evenings", "night nights"),
+        ("enable enables enabled", "disable disables disabled"),
+        ("early earlier", "late later"),
+    )
+)
+
+
+def _prepare(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text).replace("\u2019", "'").replace("\u2018", "'")
+    return _CLOCK_SUFFIX.sub(r"\1\2m", text)
+
+
+def _tokens(text: str) -> list[str]:
+    return _TOKEN.findall(_prepare(text))
+
+
+def _word(token: str) -> str:
+    word = token.casefold()
+    return word[:-2] if word.endswith("'s") else word
+
+
+def _words(text: str) -> list[str]:
+    return [_word(token) for token in _tokens(text)]
+
+
+def _date_key(token: str) -> str | None:
+    word = _word(token)
+    if _DATE_TOKEN.fullmatch(word):
+        return word
+    if word in _CASE_SENSITIVE_MONTHS and not token[0].isupper():
+        return None
+    return _DATE_WORDS.get(word)
+
+
+def _number_key(token: str) -> str | None:
+    word = _DIGITS_COMMA.sub("", _word(token))
+    if any(char.isdigit() for char in word):
+        return word
+    return _NUMBER_WORDS.get(word)
+
+
+def _dates(text: str) -> list[str]:
+    return [key for token in _tokens(text) if (key := _date_key(token)) is not None]
+
+
+def _numbers(text: str) -> list[str]:
+    keys = (None if _date_key(t) else _number_key(t) for t in _tokens(text))
+    return [key for key in keys if key is not None]
+
+
+def _is_negation(word: str) -> bool:
+    return word in _NEGATIONS or word.endswith("n't")
+
+
+def _negation_count(text: str) -> int:
+    return sum(_is_negation(word) for word in _words(text))
+
+
+def _is_name(token: str, sentence_initial: bool) -> bool:
+    if not token[0].isupper() or any(char.isdigit() for char in token) or _date_key(token):
+        return False
+    word = _word(token)
+    if _is_negation(word) or word == "i" or word.startswith("i'"):
+        return False  # negations have their own check; "I" is not a name
+    return not (sentence_initial and word in _SENTENCE_STARTERS)
+
+
+def _names(text: str) -> set[str]:
+    """Capitalised words, except digits/dates and function words opening a sentence."""
+    prepared = _prepare(text)
+    return {
+        _word(match.group())
+        for match in _TOKEN.finditer(prepared)
+        if _is_name(match.group(), bool(_SENTENCE_START.search(prepared[: match.start()])))
+    }
+
+
+def _direction_labels(text: str) -> tuple[list[str], dict[str, frozenset[str]]]:
+    """Directional markers (sorted), and for each content word the markers it follows."""
+    markers: list[str] = []
+    labels: dict[str, set[str]] = {}
+    current = "^"
+    for word in _words(text):
+        if word in _DIRECTION_MARKERS:
+            markers.append(word)
+            current = word
+        elif word in _DIRECTION_BOUNDARIES:
+            current = "^"
+        elif word not in _STOPWORDS:
+            labels.setdefault(word, set()).add(current)
+    return sorted(markers), {word: frozenset(found) for word, found in labels.items()}
+
+
+def _direction_differs(text_a: str, text_b: str) -> bool:
+    markers_a, labels_a = _direction_labels(text_a)
+    markers_b, labels_b = _direction_labels(text_b)
+    if not markers_a or markers_a != markers_b:
+        return False
+    shared = labels_a.keys() & labels_b.keys()
+    return any(labels_a[word] != labels_b[word] for word in shared)
+
+
+def _antonym_differs(text_a: str, text_b: str) -> bool:
+    words_a, words_b = set(_words(text_a)), set(_words(text_b))
+    for group in _ANTONYM_GROUPS:
+        used_a = {i for i, family in enumerate(group) if family & words_a}
+        used_b = {i for i, family in enumerate(group) if family & words_b}
+        if used_a and used_b and used_a != used_b:
+            return True
+    return False
+
+
+def _name_differs(text_a: str, text_b: str) -> bool:
+    words_a, words_b = set(_words(text_a)), set(_words(text_b))
+    return bool(_names(text_a) - words_b or _names(text_b) - words_a)
+
+
+def near_miss_reasons(text_a: str, text_b: str) -> list[str]:
+    """Reason codes why two look-alike texts differ in a fact that matters; [] = safe duplicates.
+
+    Codes, always in this order: number, date, negation, name, direction, antonym.
+    """
+    checks = (
+        ("number", _numbers(text_a) != _numbers(text_b)),
+        ("date", _dates(text_a) != _dates(text_b)),
+        ("negation", _negation_count(text_a) != _negation_count(text_b)),
+        ("name", _name_differs(text_a, text_b)),
+        ("direction", _direction_differs(text_a, text_b)),
+        ("antonym", _antonym_differs(text_a, text_b)),
+    )
+    return [code for code, differs in checks if differs]
+
+
+# ---------------------------------------------------------------------------------------------
+# Vectors
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_matrix(vectors: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
+    matrix = np.asarray(vectors, dtype=np.float64)
+    if matrix.ndim == 1 and matrix.size == 0:
+        matrix = matrix.reshape(0, 0)
+    if matrix.ndim != 2:
+        raise ValueError(f"vectors must be a 2-D array (n, dim), got shape {matrix.shape}")
+    return matrix
+
+
+def _valid_mask(matrix: np.ndarray) -> np.ndarray:
+    finite = np.isfinite(matrix).all(axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        norms = np.linalg.norm(np.where(finite[:, None], matrix, 0.0), axis=1)
+    return finite & np.isfinite(norms) & (norms > 0.0)
+
+
+def invalid_vector_rows(vectors: np.ndarray | Sequence[Sequence[float]]) -> list[int]:
+    """Row positions holding a NaN/inf or a zero norm; callers skip (and report) them."""
+    return np.flatnonzero(~_valid_mask(_as_matrix(vectors))).tolist()
+
+
+def cosine_matrix(vectors: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
+    """Pairwise cosine similarity (n, n), symmetric, clipped to [-1, 1]; invalid rows are NaN."""
+    matrix = _as_matrix(vectors)
+    valid = _valid_mask(matrix)
+    safe = np.where(valid[:, None], matrix, 0.0)
+    norms = np.linalg.norm(safe, axis=1)
+    unit = safe / np.where(valid, norms, 1.0)[:, None]
+    sims = unit @ unit.T
+    sims = np.clip((sims + sims.T) / 2.0, -1.0, 1.0)
+    sims[~valid, :] = np.nan
+    sims[:, ~valid] = np.nan
+    return sims
+
+
+def _check_similarity(similarity: float) -> None:
+    if not -1.0 <= similarity <= 1.0:
+        raise ValueError(f"similarity must be within [-1, 1], got {similarity}")
+
+
+def _sorted_valid(
+    ids: Sequence[Id], vectors: np.ndarray | Sequence[Sequence[float]]
+) -> tuple[list[Id], np.ndarray]:
+    """Valid rows only, ordered by id, so results never depend on input order."""
+    matrix = _as_matrix(vectors)
+    if len(ids) != matrix.shape[0]:
+        raise ValueError(f"{len(ids)} ids for {matrix.shape[0]} vectors")
+    if len(set(ids)) != len(ids):
+        raise ValueError("ids must be unique")
+    valid = _valid_mask(matrix)
+    order = sorted((i for i in range(len(ids)) if valid[i]), key=lambda i: ids[i])
+    return [ids[i] for i in order], matrix[order]
+
+
+def pairs_above(
+    ids: Sequence[Id], vectors: np.ndarray | Sequence[Sequence[float]], *, similarity: float
+) -> list[tuple[Id, Id, float]]:
+    """All pairs (id_a < id_b) reaching `similarity`, most similar first, then by ids."""
+    _check_similarity(similarity)
+    sorted_ids, matrix = _sorted_valid(ids, vectors)
+    sims = cosine_matrix(matrix)
+    rows, cols = np.triu_indices(len(sorted_ids), k=1)
+    keep = sims[rows, cols] >= similarity - SIMILARITY_TOLERANCE
+    pairs = [
+        (sorted_ids[i], sorted_ids[j], float(sims[i, j]))
+        for i, j in zip(rows[keep].tolist(), cols[keep].tolist(), strict=True)
+    ]
+    return sorted(pairs, key=lambda pair: (-pair[2], pair[0], pair[1]))
+
+
+def _cluster_labels(sims: np.ndarray, similarity: float) -> np.ndarray:
+    """Complete-linkage labels; sklearn merges only below the threshold, hence the tolerance."""
+    distances = np.clip(1.0 - sims, 0.0, 2.0)
+    np.fill_diagonal(distances, 0.0)
+    model = AgglomerativeClustering(
+        n_clusters=None,
+        metric="precomputed",
+        linkage="complete",
+        distance_threshold=1.0 - similarity + SIMILARITY_TOLERANCE,
+    )
+    return model.fit_predict(distances)
+
+
+def _grow_group(remaining: list[int], sims: np.ndarray, within: np.ndarray, cap: int) -> list[int]:
+    """Greedy clique: seed with the highest mean similarity, add the best compatible member."""
+    block = sims[np.ix_(remaining, remaining)]
+    means = (block.sum(axis=1) - np.diag(block)) / (len(remaining) - 1)
+    group = [remaining[int(np.argmax(means))]]
+    while len(group) < cap:
+        candidates = [c for c in remaining if c not in group and within[c, group].all()]
+        if not candidates:
+            break
+        scores = [sims[c, group].mean() for c in candidates]
+        group.append(candidates[int(np.argmax(scores))])
+    return sorted(group)
+
+
+def _carve(members: list[int], sims: np.ndarray, within: np.ndarray, cap: int) -> list[list[int]]:
+    """Split a cluster into all-pairs-within groups of at most `cap` members."""
+    block = within[np.ix_(members, members)]
+    if len(members) <= cap and block.all():
+        return [members]
+    groups, remaining = [], list(members)
+    while len(remaining) >= 2:
+        group = _grow_group(remaining, sims, within, cap)
+        if len(group) >= 2:
+            groups.append(group)
+        remaining = [m for m in remaining if m not in group]
+    return groups
+
+
+def complete_linkage_groups(
+    ids: Sequence[Id],
+    vectors: np.ndarray | Sequence[Sequence[float]],
+    *,
+    similarity: float,
+    max_group_size: int,
+) -> list[list[Id]]:
+    """Groups of 2..max_group_size ids in which every pair reaches `similarity`.
+
+    Invalid vectors are skipped. Members are sorted; groups are sorted by their smallest id.
+    """
+    _check_similarity(similarity)
+    if max_group_size < 2:
+        raise ValueError(f"max_group_size must be at least 2, got {max_group_size}")
+    sorted_ids, matrix = _sorted_valid(ids, vectors)
+    if len(sorted_ids) < 2:
+        return []
+    sims = cosine_matrix(matrix)
+    within = sims >= similarity - SIMILARITY_TOLERANCE
+    labels = _cluster_labels(sims, similarity)
+    clusters: dict[int, list[int]] = {}
+    for index, label in enumerate(labels.tolist()):
+        clusters.setdefault(label, []).append(index)
+    groups = [
+        group
+        for members in clusters.values()
+        if len(members) >= 2
+        for group in _carve(members, sims, within, max_group_size)
+    ]
+    return [[sorted_ids[i] for i in group] for group in sorted(groups)]

@@ -1,0 +1,60 @@
+"""usage_prune: forget what nobody has used for a long time.
+
+Options (``[usage_prune]``):
+    unused_days = 90     not put into a model context for this long
+                         (last_accessed_at, else created_at)
+    grace_days = 14      never prune rows younger than this
+    max_importance = 3   only rows at or below this importance
+
+Emits ``soft_delete`` with reason ``unused``. Boundaries are inclusive: a row last used exactly
+``unused_days`` ago is unused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from gc_worker.actions import Action, soft_delete
+from gc_worker.batch import BatchContext
+from gc_worker.config import UsagePruneSettings
+from gc_worker.queries import q
+
+NAME = "usage_prune"
+REASON = "unused"
+
+
+def last_used(row: Any) -> datetime:
+    return row.last_accessed_at or row.created_at
+
+
+def plan_usage_prune(
+    rows: Iterable[Any],
+    policy: UsagePruneSettings,
+    *,
+    now: datetime,
+    importance: dict | None = None,
+) -> list[Action]:
+    """Soft-delete rows unused since the cutoff, past grace, at or below the importance limit."""
+    importance = importance or {}
+    unused_cutoff = now - timedelta(days=policy.unused_days)
+    grace_cutoff = now - timedelta(days=policy.grace_days)
+    return [
+        soft_delete(NAME, row, REASON, last_used=last_used(row).isoformat())
+        for row in rows
+        if last_used(row) <= unused_cutoff
+        and row.created_at <= grace_cutoff
+        and importance.get(row.id, row.importance) <= policy.max_importance
+    ]
+
+
+def plan(ctx: BatchContext) -> list[Action]:
+    policy = ctx.settings.usage_prune
+    params = ctx.params(
+        unused_cutoff=ctx.now - timedelta(days=policy.unused_days),
+        grace_cutoff=ctx.now - timedelta(days=policy.grace_days),
+        max_importance=policy.max_importance,
+    )
+    rows = ctx.conn.execute(q("usage_prune_candidates"), params)
+    return plan_usage_prune(rows, policy, now=ctx.now, importance=ctx.importance)

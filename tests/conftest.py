@@ -1,0 +1,76 @@
+"""Test fixtures: one embedded PostgreSQL + pgvector per session, a migrated template database,
+and a fresh clone of it per test (CREATE DATABASE … TEMPLATE), so tests are isolated and fast."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from gc_worker import db, schema
+from gc_worker.config import EmbeddingSettings, Settings
+
+TEST_DIM = 8
+TEMPLATE = "memory_gc_template"
+_counter = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No stray MEMORY_GC_* / OPENAI_* variable from the developer's shell leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith(("MEMORY_GC_", "OPENAI_")):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def pg_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("memory-gc-data")
+
+
+@pytest.fixture(scope="session")
+def pg_server(pg_data_dir: Path):
+    return db.embedded_server(pg_data_dir)
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server) -> str:
+    url = pg_server.get_uri(TEMPLATE, driver="psycopg")
+    pg_server.psql(f"DROP DATABASE IF EXISTS {TEMPLATE};")
+    pg_server.psql(f"CREATE DATABASE {TEMPLATE};")
+    engine = db.make_engine(url)
+    schema.migrate(engine, embedding_dim=TEST_DIM)
+    engine.dispose()
+    return TEMPLATE
+
+
+@pytest.fixture
+def database_url(pg_server, template_db: str) -> Iterator[str]:
+    name = f"memory_gc_test_{os.getpid()}_{next(_counter)}"
+    pg_server.psql(f"CREATE DATABASE {name} TEMPLATE {template_db};")
+    yield pg_server.get_uri(name, driver="psycopg")
+    pg_server.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE);")
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    eng = db.make_engine(database_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(embeddings=EmbeddingSettings(dim=TEST_DIM))
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, database_url: str) -> str:
+    """Point the CLI at this test's database with the test embedding size."""
+    monkeypatch.setenv("MEMORY_GC_DATABASE_URL", database_url)
+    monkeypatch.setenv("MEMORY_GC_EMBEDDINGS__DIM", str(TEST_DIM))
+    return database_url

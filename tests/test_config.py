@@ -1,0 +1,102 @@
+"""Configuration: defaults, file and environment layers, and errors that say how to fix them."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from gc_worker.config import Settings, load_settings
+from gc_worker.errors import ConfigError
+
+DEFAULT_TOML = Path(__file__).parent.parent / "config" / "default.toml"
+
+
+class TestDefaults:
+    def test_default_toml_matches_built_in_defaults(self):
+        """config/default.toml documents exactly the defaults the code uses, every one."""
+        documented = tomllib.loads(DEFAULT_TOML.read_text())
+        assert load_settings(DEFAULT_TOML, env={}) == Settings()
+        built_in = Settings().model_dump()
+        assert {s: set(v) for s, v in documented.items()} == {
+            s: set(v) for s, v in built_in.items()
+        }
+
+    def test_every_job_section_takes_enabled(self):
+        """Each job's section has an `enabled` switch."""
+        import jobs
+
+        for name in jobs.ORDER:
+            assert "enabled" in Settings.model_fields[name].annotation.model_fields
+
+
+class TestLayers:
+    def test_file_then_environment(self, tmp_path):
+        """The environment overrides the file, which overrides the defaults."""
+        path = tmp_path / "gc.toml"
+        path.write_text("[decay]\nhalf_life_days = 45\ngrace_days = 3\n")
+        settings = load_settings(path, env={"MEMORY_GC_DECAY__GRACE_DAYS": "7"})
+        assert settings.decay.half_life_days == 45
+        assert settings.decay.grace_days == 7
+        assert settings.decay.forget_below == 0.05
+
+    def test_config_path_from_environment(self, tmp_path):
+        """MEMORY_GC_CONFIG names the file when no path is given."""
+        path = tmp_path / "gc.toml"
+        path.write_text("[user_cap]\nmax_memories = 10\n")
+        assert load_settings(env={"MEMORY_GC_CONFIG": str(path)}).user_cap.max_memories == 10
+
+    def test_list_value_from_environment(self):
+        """A TOML list in a variable is read as a list."""
+        env = {"MEMORY_GC_DECAY__IMPORTANCE_MULTIPLIERS": "[1, 1, 1, 1, 1]"}
+        assert load_settings(env=env).decay.importance_multipliers == (1, 1, 1, 1, 1)
+
+
+class TestErrors:
+    def test_unknown_key_names_the_closest(self, tmp_path):
+        """An unknown key is refused with the closest valid key."""
+        path = tmp_path / "gc.toml"
+        path.write_text("[decay]\nhalf_life = 3\n")
+        with pytest.raises(ConfigError, match=r"decay\.half_life .*did you mean `half_life_days`"):
+            load_settings(path, env={})
+
+    def test_unknown_section_names_the_closest(self):
+        """An unknown section from the environment is refused with the closest section."""
+        with pytest.raises(ConfigError, match="did you mean `user_cap`"):
+            load_settings(env={"MEMORY_GC_USERCAP__MAX_MEMORIES": "3"})
+
+    def test_unknown_plain_variable(self):
+        """A MEMORY_GC_ variable that is neither runtime nor SECTION__KEY is refused."""
+        with pytest.raises(ConfigError, match="MEMORY_GC_DATABASE_URL"):
+            load_settings(env={"MEMORY_GC_DATABASE_ULR": "x"})
+
+    @pytest.mark.parametrize(
+        ("env", "fragment"),
+        [
+            ({"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "0"}, "greater than 0"),
+            ({"MEMORY_GC_DECAY__FORGET_BELOW": "1.5"}, "less than or equal to 1"),
+            ({"MEMORY_GC_USER_CAP__OVERFLOW": "squash"}, "'evict' or 'summarize'"),
+            ({"MEMORY_GC_RUN__BATCH_USERS": "many"}, "valid integer"),
+            ({"MEMORY_GC_DECAY__IMPORTANCE_MULTIPLIERS": "[1, 2]"}, "importance_multipliers"),
+        ],
+    )
+    def test_bad_value_names_key_and_range(self, env, fragment):
+        """A bad value names the key, the allowed range and the variable to fix."""
+        with pytest.raises(ConfigError) as info:
+            load_settings(env=env)
+        (name,) = env
+        assert fragment in str(info.value)
+        assert name in str(info.value) or "importance_multipliers" in str(info.value)
+
+    def test_broken_toml(self, tmp_path):
+        """A file that is not TOML is refused with the parser's position."""
+        path = tmp_path / "gc.toml"
+        path.write_text("[decay\n")
+        with pytest.raises(ConfigError, match="not valid TOML"):
+            load_settings(path, env={})
+
+    def test_missing_file(self, tmp_path):
+        """A missing config file is named."""
+        with pytest.raises(ConfigError, match="does not exist"):
+            load_settings(tmp_path / "nope.toml", env={})
