@@ -29,6 +29,15 @@ class Context:
     def __init__(self, settings: Settings, runtime: Runtime) -> None:
         self.settings, self.runtime = settings, runtime
         self._engine: Any = None
+        self._llm: Any = False
+
+    def llm(self) -> Any:
+        """The run's LLM port, or None in offline mode."""
+        if self._llm is False:
+            from gc_worker.llm_store import open_run_llm
+
+            self._llm = open_run_llm(self.settings, self.runtime, self.engine())
+        return self._llm
 
     def engine(self, *, check_schema: bool = True) -> Any:
         if self._engine is None:

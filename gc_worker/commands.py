@@ -102,7 +102,9 @@ def _process(engine: Any, run_id: Any, ctx: Context, settings: Any = None) -> No
             "SELECT count(*) FROM gc_run_batches WHERE run_id = %(r)s", {"r": run_id}
         ).scalar_one()
     with progress(total) as bar:
-        gc_engine.process_run(engine, run_id, settings or ctx.settings, on_batch=bar.update)
+        gc_engine.process_run(
+            engine, run_id, settings or ctx.settings, llm=ctx.llm(), on_batch=bar.update
+        )
 
 
 def _finish(engine: Any, run_id: Any, paths: list[Path]) -> int:

@@ -31,7 +31,7 @@ from gc_worker.actions import Action
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
 from gc_worker.db import transaction
-from gc_worker.errors import NotFoundError, RunFailed, UsageError
+from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.execute import execute
 from gc_worker.queries import q
 
@@ -130,6 +130,8 @@ def process_run(
     with engine.connect() as conn:
         run = load_run(conn, run_id)
     structlog.contextvars.bind_contextvars(run_id=str(run_id), dry_run=run["mode"] == "dry_run")
+    if llm is not None:
+        llm.begin_run()
     try:
         while _process_next_batch(engine, run, settings, llm):
             if on_batch:
@@ -161,11 +163,16 @@ def _process_next_batch(engine: Engine, run: dict[str, Any], settings: Settings,
             conn=conn, users=list(batch.users), settings=settings, now=run["now"],
             dry_run=run["mode"] == "dry_run", llm=llm,
         )  # fmt: skip
+        llm_before = llm.usage() if llm is not None else {}
         summary = _run_batch(ctx, run, batch.batch_no)
+        stats: dict[str, Any] = {k: v.as_dict() for k, v in ctx.stats.items()}
+        if llm is not None:
+            after = llm.usage()
+            stats["_llm"] = {k: after[k] - llm_before.get(k, 0) for k in after}
         conn.execute(
             q("finish_batch"),
             {"run_id": run["id"], "batch_no": batch.batch_no, "worker": WORKER_ID,
-             "stats": json.dumps({k: v.as_dict() for k, v in ctx.stats.items()})},
+             "stats": json.dumps(stats)},
         )  # fmt: skip
     log.info("gc.batch_committed", batch_no=batch.batch_no, users=len(batch.users), **summary)
     return True
@@ -180,7 +187,7 @@ def _run_batch(ctx: BatchContext, run: dict[str, Any], batch_no: int) -> dict[st
         audit.record(ctx.conn, run["id"], batch_no, actions, outcome="planned")
         applied, drifted = actions, []
     else:
-        outcome = execute(ctx.conn, actions, now=ctx.now)
+        outcome = execute(ctx.conn, actions, now=ctx.now, run_id=run["id"])
         audit.record_outcome(ctx.conn, run["id"], batch_no, outcome)
         applied, drifted = outcome.applied, outcome.drifted
         for action in drifted:
@@ -194,10 +201,15 @@ def plan_batch(ctx: BatchContext, job_names: Sequence[str]) -> list[Action]:
     planned: list[Action] = []
     for name in job_names:
         structlog.contextvars.bind_contextvars(job=name)
-        ctx.job_stats(name)
+        calls_before = _llm_calls(ctx)
         planned += ctx.record(jobs.REGISTRY[name].plan(ctx))
+        ctx.job_stats(name).llm_calls += _llm_calls(ctx) - calls_before
     structlog.contextvars.unbind_contextvars("job")
     return planned
+
+
+def _llm_calls(ctx: BatchContext) -> int:
+    return ctx.llm.usage()["calls"] if ctx.llm is not None else 0
 
 
 def _refresh(ctx: BatchContext, job_names: Sequence[str]) -> None:
@@ -273,11 +285,3 @@ def apply_plan(
         settings = settings_of(load_run(conn, run_id))
     process_run(engine, run_id, settings, llm=llm, on_batch=on_batch)
     return run_id
-
-
-def run_is_failed(engine: Engine, run_id: UUID) -> bool:
-    with engine.connect() as conn:
-        return load_run(conn, run_id)["status"] == "failed"
-
-
-__all__ = ["RunFailed", "RunRequest", "apply_plan", "process_run", "run_once", "start_run"]

@@ -42,7 +42,9 @@ class Outcome:
     prior: dict[UUID, dict[str, Any]] = field(default_factory=dict)
 
 
-def execute(conn: Connection, actions: Sequence[Action], *, now: datetime) -> Outcome:
+def execute(
+    conn: Connection, actions: Sequence[Action], *, now: datetime, run_id: UUID | None = None
+) -> Outcome:
     """Apply ``actions`` (in plan order) in ``conn``'s transaction; see the module docstring."""
     versions, prior = lock_rows(conn, actions)
     drifted = drifted_actions(actions, versions)
@@ -50,6 +52,7 @@ def execute(conn: Connection, actions: Sequence[Action], *, now: datetime) -> Ou
     for action in actions:
         (outcome.drifted if id(action) in drifted else outcome.applied).append(action)
     _apply(conn, outcome.applied, now=now)
+    _queue_reviews(conn, [a for a in outcome.applied if a.action is Kind.REVIEW], run_id)
     return outcome
 
 
@@ -138,6 +141,22 @@ def _purge(conn: Connection, actions: list[Action]) -> None:
     ids = [a.memory_id for a in actions]
     _checked(conn, "purge_rows", {"ids": ids}, len(ids))
     conn.execute(q("scrub_audit"), {"ids": ids})
+
+
+def _queue_reviews(conn: Connection, actions: list[Action], run_id: UUID | None) -> None:
+    if not actions:
+        return
+    items = [
+        {
+            "user_id": a.user_id,
+            "kind": a.details.get("kind", a.job),
+            "memory_ids": [str(m) for m in a.details.get("memory_ids", [a.memory_id])],
+            "reason": a.reason,
+            "details": dict(a.details),
+        }
+        for a in actions
+    ]
+    _checked(conn, "insert_reviews", {"run_id": run_id, "items": json.dumps(items)}, len(items))
 
 
 def _uuid_or_none(value: Any) -> UUID | None:
