@@ -31,6 +31,12 @@ class Context:
         self._engine: Any = None
         self._llm: Any = False
 
+    def close(self) -> None:
+        if self._llm not in (False, None):
+            self._llm.close()
+        if self._engine is not None:
+            self._engine.dispose()
+
     def llm(self) -> Any:
         """The run's LLM port, or None in offline mode."""
         if self._llm is False:
@@ -92,10 +98,10 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logs.configure()
+    context: Context | None = None
     try:
         args = build_parser().parse_args(argv)
-        settings = load_settings(args.config)
-        context = Context(settings, load_runtime())
+        context = Context(load_settings(args.config), load_runtime())
         return int(args.handler(args, context) or 0)
     except MemoryGCError as exc:
         print(f"memory-gc: error: {exc}", file=sys.stderr)
@@ -103,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("memory-gc: interrupted; committed batches stay applied", file=sys.stderr)
         return 1
+    finally:
+        if context is not None:
+            context.close()
 
 
 def entry() -> None:

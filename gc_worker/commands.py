@@ -15,7 +15,15 @@ from gc_worker.errors import UsageError
 from gc_worker.report import build_report
 
 
+# Subcommands that live with their capability (each module has ``register(sub)``).
+EXTENSIONS = ("gc_worker.cli_reviews", "gc_worker.cli_erasure", "gc_worker.cli_schedule")
+
+
 def register(sub: Any) -> None:
+    import importlib
+
+    for name in EXTENSIONS:
+        importlib.import_module(name).register(sub)
     _add(sub, "migrate", cmd_migrate, "create or upgrade the schema")
     run = _add(sub, "run", cmd_run, "one GC run now (plan and apply, or --dry-run)")
     run.add_argument(
@@ -49,6 +57,7 @@ def register(sub: Any) -> None:
         sub, "demo", cmd_demo, "seed a sample store in the embedded database and dry-run it"
     )
     demo.add_argument("--output-dir", type=Path, help="where to write the reports")
+    demo.add_argument("--apply", action="store_true", help="then apply the plan and run again")
 
 
 def _add(sub: Any, name: str, handler: Callable, help_text: str) -> argparse.ArgumentParser:
@@ -172,4 +181,4 @@ def cmd_runs(args: argparse.Namespace, ctx: Context) -> int:
 def cmd_demo(args: argparse.Namespace, ctx: Context) -> int:
     from gc_worker import demo
 
-    return demo.run_demo(ctx, output_dir=args.output_dir)
+    return demo.run_demo(ctx, output_dir=args.output_dir, apply=args.apply)

@@ -29,6 +29,8 @@ from gc_worker.queries import q
 NAME = "decay"
 REASON = "decayed"
 SECONDS_PER_DAY = 86_400.0
+MAX_HALF_LIVES = 64  # beyond this the score is 0 (PostgreSQL `real` would underflow)
+MIN_CONFIDENCE = 1e-6
 
 
 def decay_anchor(row: Any) -> datetime:
@@ -38,10 +40,12 @@ def decay_anchor(row: Any) -> datetime:
 def decayed_confidence(
     confidence: float, importance: int, anchor: datetime, *, now: datetime, policy: DecaySettings
 ) -> float:
-    """The Python twin of the SQL function memory_gc_decayed."""
+    """The Python twin of the SQL function memory_gc_decayed (0 past 64 half-lives)."""
     age_days = max((now - anchor).total_seconds(), 0.0) / SECONDS_PER_DAY
-    half_life = policy.half_life_days * policy.importance_multipliers[importance - 1]
-    return confidence * 0.5 ** (age_days / half_life)
+    half_lives = age_days / (policy.half_life_days * policy.importance_multipliers[importance - 1])
+    if confidence < MIN_CONFIDENCE or half_lives >= MAX_HALF_LIVES:
+        return 0.0
+    return confidence * 0.5**half_lives
 
 
 def plan_decay(

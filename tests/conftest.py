@@ -74,3 +74,12 @@ def cli_env(monkeypatch: pytest.MonkeyPatch, database_url: str) -> str:
     monkeypatch.setenv("MEMORY_GC_DATABASE_URL", database_url)
     monkeypatch.setenv("MEMORY_GC_EMBEDDINGS__DIM", str(TEST_DIM))
     return database_url
+
+
+@pytest.fixture
+def empty_database_url(pg_server) -> Iterator[str]:
+    """A database with no memory-gc schema at all."""
+    name = f"memory_gc_empty_{os.getpid()}_{next(_counter)}"
+    pg_server.psql(f"CREATE DATABASE {name};")
+    yield pg_server.get_uri(name, driver="psycopg")
+    pg_server.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE);")

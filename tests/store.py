@@ -61,3 +61,35 @@ def snapshot(engine: sa.Engine) -> dict[UUID, dict[str, Any]]:
 def execute(engine: sa.Engine, sql: str, **params: Any) -> Any:
     with engine.begin() as conn:
         return conn.execute(sa.text(sql), params)
+
+
+def run(
+    engine: sa.Engine,
+    settings: Any,
+    *,
+    jobs: list[str] | None = None,
+    dry_run: bool = False,
+    now: datetime = NOW,
+    users: list[str] | None = None,
+    llm: Any = None,
+) -> dict[str, Any]:
+    """One run through the engine; returns its report."""
+    from gc_worker import engine as gc_engine
+    from gc_worker.report import build_report
+
+    request = gc_engine.RunRequest(
+        mode="dry_run" if dry_run else "apply",
+        now=now,
+        users=tuple(users) if users else None,
+        jobs=gc_engine.resolve_jobs(jobs or [], settings),
+    )
+    run_id = gc_engine.run_once(engine, settings, request, llm=llm)
+    with engine.connect() as conn:
+        return build_report(conn, run_id)
+
+
+def acted_on(report: dict[str, Any], action: str | None = None) -> set[str]:
+    """Memory ids the report lists (optionally only one kind of action)."""
+    return {
+        a["memory_id"] for a in report["actions"] if action is None or a["action"] == action
+    }

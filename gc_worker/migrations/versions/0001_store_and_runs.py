@@ -81,18 +81,26 @@ MEMORY_INDEXES = [
 ]
 
 # The decay rule, defined once for SQL (jobs.decay.decayed_confidence is its Python twin; a test
-# checks they agree). Inlined by the planner: a pure function of stored columns and `at`.
+# checks they agree). A pure function of stored columns and `at`. Past 64 half-lives (factor
+# < 5e-20) or for confidence < 1e-6 the score is 0: `real` cannot hold the underflow.
 DECAY_FUNCTION = """
 CREATE FUNCTION memory_gc_decayed(
     confidence real, importance smallint, anchor timestamptz, at timestamptz,
     half_life_days float8, multipliers float8[]
 ) RETURNS real
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN (confidence * power(
-    0.5,
-    greatest(extract(epoch FROM (at - anchor)), 0) / 86400.0
-        / (half_life_days * multipliers[importance])
-))::real
+RETURN (
+    CASE
+        WHEN confidence < 1e-6
+          OR greatest(extract(epoch FROM (at - anchor)), 0) / 86400.0
+             / (half_life_days * multipliers[importance]) >= 64
+        THEN 0
+        ELSE confidence * power(
+            0.5::float8,
+            greatest(extract(epoch FROM (at - anchor)), 0) / 86400.0
+                / (half_life_days * multipliers[importance]))
+    END
+)::real
 """
 
 WORKER_TABLES = [

@@ -1,0 +1,142 @@
+"""The command line: happy paths, and bad input that exits 2 (or 1) and changes nothing."""
+
+from __future__ import annotations
+
+import json
+from uuid import UUID
+
+import pytest
+from alembic import command
+
+from gc_worker import db, schema
+from gc_worker.cli import main
+
+from tests.store import NOW, add, days_ago, snapshot, status
+
+NOW_ARG = NOW.isoformat()
+
+
+def seeded(engine):
+    expired = add(engine, "u1", "expired", expires_at=days_ago(1))
+    add(engine, "u2", "kept")
+    return expired
+
+
+def run_id_from(out: str) -> str:
+    return out.split("run ", 1)[1].split(" ", 1)[0]
+
+
+class TestHappyPath:
+    def test_dry_run_apply_report_restore(self, engine, cli_env, tmp_path, capsys):
+        """run --dry-run writes reports; apply executes them; restore undoes the apply."""
+        expired = seeded(engine)
+        paths = [tmp_path / f"plan.{ext}" for ext in ("json", "md", "html")]
+        args = ["run", "--dry-run", "--now", NOW_ARG] + [f"--report={p}" for p in paths]
+        assert main(args) == 0
+        plan_id = run_id_from(capsys.readouterr().out)
+        plan = json.loads(paths[0].read_text())
+        assert plan["mode"] == "dry_run" and plan["totals"]["by_action"]["soft_delete"] == 1
+        assert "memory-gc apply" in paths[1].read_text() and "<html" in paths[2].read_text()
+        assert status(engine, expired) == "active"
+
+        assert main(["apply", plan_id]) == 0
+        apply_id = run_id_from(capsys.readouterr().out)
+        assert status(engine, expired) == "deleted"
+
+        assert main(["restore", "--run", apply_id]) == 0
+        assert "1 restored" in capsys.readouterr().out
+        assert status(engine, expired) == "active"
+
+    @pytest.mark.parametrize("fmt", ["json", "md", "html"])
+    def test_report_command_formats(self, engine, cli_env, capsys, fmt):
+        """report RUN_ID renders the stored run in each format."""
+        seeded(engine)
+        main(["run", "--now", NOW_ARG])
+        run_id = run_id_from(capsys.readouterr().out)
+        assert main(["report", run_id, "--format", fmt]) == 0
+        out = capsys.readouterr().out
+        assert run_id in out
+
+    def test_migrate_is_idempotent(self, cli_env, capsys):
+        """migrate on a current schema says so and changes nothing."""
+        assert main(["migrate"]) == 0
+        assert "current" in capsys.readouterr().out
+
+    def test_migrate_creates_schema(self, empty_database_url, monkeypatch, capsys):
+        """migrate on an empty database creates the schema."""
+        monkeypatch.setenv("MEMORY_GC_DATABASE_URL", empty_database_url)
+        assert main(["migrate"]) == 0
+        assert "empty ->" in capsys.readouterr().out
+        engine = db.make_engine(empty_database_url)
+        assert schema.current_revision(engine) == schema.head_revision()
+        engine.dispose()
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(
+        ("argv", "env", "fragment"),
+        [
+            (["run", "--now", "yesterday"], {}, "not an ISO 8601"),
+            (["run", "--now", "2026-01-01T03:00:00"], {}, "no timezone"),
+            (["run", "--job", "compactify"], {}, "unknown job"),
+            (["run", "--report", "out.pdf"], {}, ".json, .md or .html"),
+            (["run", "--user", "ghost"], {}, "no memories for user"),
+            (["run"], {"MEMORY_GC_DECAY__HALF_LIFE": "3"}, "did you mean `half_life_days`"),
+            (["run"], {"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "-1"}, "greater than 0"),
+            (["run"], {"MEMORY_GC_EMBEDDINGS__DIM": "768"}, "vector(8)"),
+            (["apply", "not-a-uuid"], {}, "not a UUID"),
+            (["apply", str(UUID(int=5))], {}, "no run with id"),
+            (["report", str(UUID(int=5))], {}, "no run with id"),
+            (["restore", "--memory", str(UUID(int=5))], {}, "no restorable change"),
+            (["frobnicate"], {}, "invalid choice"),
+        ],
+    )
+    def test_exit_2_and_nothing_changed(
+        self, engine, cli_env, monkeypatch, capsys, argv, env, fragment
+    ):
+        """Bad usage or configuration exits 2 with a message naming the problem."""
+        seeded(engine)
+        before = snapshot(engine)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert main(argv) == 2
+        assert fragment in capsys.readouterr().err
+        assert snapshot(engine) == before
+
+    def test_unreachable_database_exits_1(self, monkeypatch, capsys):
+        """A database that cannot be reached is a runtime failure (exit 1) with what to check."""
+        monkeypatch.setenv("MEMORY_GC_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+        assert main(["run"]) == 1
+        assert "MEMORY_GC_DATABASE_URL" in capsys.readouterr().err
+
+    def test_database_without_schema(self, empty_database_url, monkeypatch, capsys):
+        """A database with no schema asks for `memory-gc migrate` (exit 2)."""
+        monkeypatch.setenv("MEMORY_GC_DATABASE_URL", empty_database_url)
+        assert main(["run"]) == 2
+        assert "memory-gc migrate" in capsys.readouterr().err
+
+    def test_schema_older_than_code(self, empty_database_url, monkeypatch, capsys):
+        """A schema at an older revision is refused until migrated, then works."""
+        engine = db.make_engine(empty_database_url)
+        cfg = schema._alembic_config()
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            cfg.attributes["embedding_dim"] = 8
+            command.upgrade(cfg, "0001")
+        engine.dispose()
+        monkeypatch.setenv("MEMORY_GC_DATABASE_URL", empty_database_url)
+        monkeypatch.setenv("MEMORY_GC_EMBEDDINGS__DIM", "8")
+        assert main(["run", "--dry-run"]) == 2
+        assert "run `memory-gc migrate`" in capsys.readouterr().err
+        assert main(["migrate"]) == 0
+
+    def test_apply_twice_is_refused(self, engine, cli_env, capsys):
+        """A plan applies once; the second apply exits 2 and changes nothing."""
+        seeded(engine)
+        main(["run", "--dry-run", "--now", NOW_ARG])
+        plan_id = run_id_from(capsys.readouterr().out)
+        assert main(["apply", plan_id]) == 0
+        before = snapshot(engine)
+        assert main(["apply", plan_id]) == 2
+        assert "already applied" in capsys.readouterr().err
+        assert snapshot(engine) == before

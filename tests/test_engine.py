@@ -1,0 +1,268 @@
+"""The run engine: dry run → apply equality, drift, idempotence, batching, restore."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import UUID
+
+import pytest
+from sqlalchemy import text
+
+from gc_worker import engine as gc_engine
+from gc_worker import restore
+from gc_worker.config import RunSettings, Settings, UserCapSettings
+from gc_worker.errors import NotFoundError, UsageError
+from gc_worker.report import build_report
+
+from tests.store import NOW, acted_on, add, days_ago, execute, get, run, snapshot, status
+
+
+def seed_mixed_store(engine, users=("alice", "bob", "carol")) -> None:
+    """A few users with something for every deterministic job to do."""
+    for user in users:
+        add(engine, user, "expired", expires_at=days_ago(1))
+        add(engine, user, "stale", created_at=days_ago(200), importance=2)
+        add(engine, user, "pinned stale", created_at=days_ago(500), importance=1, pinned=True)
+        add(engine, user, "fresh", created_at=days_ago(2))
+        add(engine, user, "old deleted", status="deleted", deleted_at=days_ago(45))
+        for i in range(4):
+            add(engine, user, f"filler {i}", created_at=days_ago(10 + i), importance=4)
+
+
+def report_of(engine, run_id):
+    with engine.connect() as conn:
+        return build_report(conn, run_id)
+
+
+def _key(action):
+    return (action["job"], action["action"], action["memory_id"], action["reason"])
+
+
+class TestPlanThenApply:
+    def test_dry_run_changes_nothing(self, engine, settings):
+        """A dry run writes a plan and report and leaves every memory row as it was."""
+        seed_mixed_store(engine)
+        before = snapshot(engine)
+        report = run(engine, settings, dry_run=True)
+        assert report["mode"] == "dry_run" and report["totals"]["actions"] > 0
+        assert snapshot(engine) == before
+
+    def test_apply_executes_exactly_the_plan(self, engine, settings):
+        """The applied actions equal the planned ones, one for one."""
+        seed_mixed_store(engine)
+        plan = run(engine, settings, dry_run=True)
+        applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        assert sorted(map(_key, applied["actions"])) == sorted(map(_key, plan["actions"]))
+        assert applied["plan_run_id"] == plan["run_id"]
+        for action in plan["actions"]:
+            if action["action"] == "soft_delete":
+                assert status(engine, UUID(action["memory_id"])) == "deleted"
+
+    def test_plain_run_equals_dry_run_then_apply(self, engine, database_url, settings):
+        """A plain run plans the same actions a dry run would."""
+        seed_mixed_store(engine)
+        plan = run(engine, settings, dry_run=True)
+        plain = run(engine, settings)
+        assert sorted(map(_key, plain["actions"])) == sorted(map(_key, plan["actions"]))
+
+    def test_second_run_plans_nothing(self, engine, settings):
+        """Right after an apply, the next run has zero actions and zero score rewrites."""
+        seed_mixed_store(engine)
+        run(engine, settings)
+        again = run(engine, settings)
+        assert again["totals"]["actions"] == 0
+        assert again["jobs"]["decay"]["refreshed"] == 0
+
+    def test_plan_applies_once(self, engine, settings):
+        """A plan cannot be applied twice."""
+        seed_mixed_store(engine)
+        plan = UUID(run(engine, settings, dry_run=True)["run_id"])
+        gc_engine.apply_plan(engine, plan)
+        with pytest.raises(UsageError, match="already applied"):
+            gc_engine.apply_plan(engine, plan)
+
+    def test_only_dry_runs_can_be_applied(self, engine, settings):
+        """Applying a run that was not a dry run is refused."""
+        seed_mixed_store(engine)
+        applied = UUID(run(engine, settings)["run_id"])
+        with pytest.raises(UsageError, match="not a dry run"):
+            gc_engine.apply_plan(engine, applied)
+
+    def test_unknown_run(self, engine):
+        """An unknown run id is a NotFoundError (exit 2)."""
+        with pytest.raises(NotFoundError):
+            gc_engine.apply_plan(engine, UUID(int=7))
+
+
+class TestDrift:
+    @pytest.mark.parametrize(
+        "change",
+        [
+            "UPDATE memories SET last_accessed_at = :now WHERE id = :id",
+            "UPDATE memories SET content = 'edited' WHERE id = :id",
+            "UPDATE memories SET pinned = true WHERE id = :id",
+            "UPDATE memories SET expires_at = NULL WHERE id = :id",
+        ],
+    )
+    def test_row_changed_after_planning_is_skipped_and_reported(self, engine, settings, change):
+        """An application write between plan and apply wins: the action is skipped, reported."""
+        victim = add(engine, "u1", "soon stale", created_at=days_ago(200), expires_at=days_ago(1))
+        other = add(engine, "u1", "also expired", expires_at=days_ago(1))
+        plan = run(engine, settings, dry_run=True)
+        execute(engine, change, id=victim, now=NOW)
+        before = get(engine, victim)
+        applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        assert acted_on(applied) == {str(other)}
+        assert [d["memory_id"] for d in applied["drifted"]] == [str(victim)]
+        assert applied["jobs"]["ttl_expiry"]["skipped"] == 1
+        # every application-owned column is as the application left it (the worker-owned
+        # decayed_confidence is recomputed from them, which is not an overwrite)
+        after = get(engine, victim)
+        assert {k: v for k, v in after.items() if k != "decayed_confidence"} == {
+            k: v for k, v in before.items() if k != "decayed_confidence"
+        }
+
+    def test_row_deleted_by_application_is_drift(self, engine, settings):
+        """A row the application removed after planning is reported as drifted."""
+        victim = add(engine, expires_at=days_ago(1))
+        plan = run(engine, settings, dry_run=True)
+        execute(engine, "DELETE FROM memories WHERE id = :id", id=victim)
+        applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        assert applied["totals"]["actions"] == 0 and len(applied["drifted"]) == 1
+
+
+class TestInvariants:
+    def test_pinned_rows_never_change(self, engine, settings):
+        """No automatic job changes a pinned row, whatever its state."""
+        ids = [
+            add(engine, expires_at=days_ago(10), pinned=True),
+            add(engine, created_at=days_ago(900), importance=1, pinned=True),
+            add(engine, status="deleted", deleted_at=days_ago(900), pinned=True),
+        ]
+        before = {i: get(engine, i) for i in ids}
+        run(engine, Settings(user_cap=UserCapSettings(max_memories=1)))
+        assert {i: get(engine, i) for i in ids} == before
+
+    def test_batches_cover_every_user_once(self, engine):
+        """With small batches every user is processed exactly once and no action spans users."""
+        users = [f"user-{i:02d}" for i in range(7)]
+        seed_mixed_store(engine, users)
+        settings = Settings(run=RunSettings(batch_users=2))
+        report = run(engine, settings)
+        with engine.connect() as conn:
+            batches = conn.execute(
+                text("SELECT users FROM gc_run_batches WHERE run_id = :r"), {"r": report["run_id"]}
+            ).scalars()
+            flat = [u for batch in batches for u in batch]
+        assert sorted(flat) == users
+        assert set(report["per_user"]) == set(users)
+        for action in report["actions"]:
+            if action["memory_id"]:
+                assert get_user(engine, action["memory_id"]) in (action["user_id"], None)
+
+    def test_user_scope(self, engine, settings):
+        """--user limits a run to that user's memories."""
+        seed_mixed_store(engine)
+        report = run(engine, settings, users=["bob"])
+        assert {a["user_id"] for a in report["actions"]} == {"bob"}
+
+    def test_unknown_user_is_refused(self, engine, settings):
+        """A user with no memories is refused before anything runs."""
+        seed_mixed_store(engine)
+        with pytest.raises(NotFoundError, match="nobody"):
+            run(engine, settings, users=["nobody"])
+
+    def test_naive_now_is_refused(self):
+        """The run clock must be timezone-aware."""
+        with pytest.raises(UsageError, match="timezone"):
+            gc_engine.RunRequest(mode="apply", now=NOW.replace(tzinfo=None))
+
+    def test_failure_rolls_back_the_batch(self, engine, settings, monkeypatch):
+        """A failure inside a batch leaves no memory change and no audit row of that batch."""
+        seed_mixed_store(engine)
+        before = snapshot(engine)
+        import jobs
+
+        def boom(ctx):
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(jobs.REGISTRY["hard_delete"], "plan", boom)
+        with pytest.raises(RuntimeError, match="injected"):
+            run(engine, settings)
+        assert snapshot(engine) == before
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM gc_actions")).scalar() == 0
+            assert conn.execute(text("SELECT status FROM gc_runs")).scalar() == "failed"
+
+
+def get_user(engine, memory_id):
+    row = get(engine, UUID(memory_id))
+    return None if row is None else row["user_id"]
+
+
+class TestRestore:
+    def test_restore_run_returns_every_row_to_its_prior_status(self, engine, settings):
+        """Restoring a run undoes each of its soft deletes exactly."""
+        seed_mixed_store(engine)
+        before = snapshot(engine)
+        report = run(engine, settings)
+        result = restore.restore_run(engine, UUID(report["run_id"]))
+        purged = acted_on(report, "hard_delete")
+        assert {str(m) for m in result.restored} == acted_on(report) - purged
+        after = snapshot(engine)
+        for memory_id, row in before.items():
+            if str(memory_id) in purged:
+                assert memory_id not in after
+                continue
+            for column in ("status", "status_reason", "status_changed_at", "deleted_at"):
+                assert after[memory_id][column] == row[column], (memory_id, column)
+
+    def test_restore_skips_rows_changed_since(self, engine, settings):
+        """A row the application changed after the run is not overwritten by restore."""
+        m = add(engine, expires_at=days_ago(1))
+        report = run(engine, settings)
+        execute(
+            engine,
+            "UPDATE memories SET status = 'active', status_reason = 'app' WHERE id = :id",
+            id=m,
+        )
+        result = restore.restore_run(engine, UUID(report["run_id"]))
+        assert result.restored == [] and result.not_restorable == [m]
+        assert get(engine, m)["status_reason"] == "app"
+
+    def test_restore_single_memory(self, engine, settings):
+        """restore --memory undoes the worker's latest change to that memory only."""
+        a = add(engine, expires_at=days_ago(1))
+        b = add(engine, expires_at=days_ago(1))
+        run(engine, settings)
+        restore.restore_memory(engine, a)
+        assert status(engine, a) == "active" and status(engine, b) == "deleted"
+
+    def test_restore_is_recorded_as_a_run(self, engine, settings):
+        """The undo is itself a run with restore actions."""
+        a = add(engine, expires_at=days_ago(1))
+        run(engine, settings)
+        result = restore.restore_memory(engine, a)
+        rep = report_of(engine, result.run_id)
+        assert rep["mode"] == "restore" and rep["totals"]["by_action"] == {"restore": 1}
+
+    def test_restored_row_is_planned_again(self, engine, settings):
+        """Restore is not a pin: the next run may plan the same action again."""
+        a = add(engine, expires_at=days_ago(1))
+        report = run(engine, settings)
+        restore.restore_run(engine, UUID(report["run_id"]))
+        assert acted_on(run(engine, settings, dry_run=True, now=NOW + timedelta(days=1))) == {
+            str(a)
+        }
+
+    def test_dry_run_cannot_be_restored(self, engine, settings):
+        """Restoring a dry run is a usage error."""
+        add(engine, expires_at=days_ago(1))
+        report = run(engine, settings, dry_run=True)
+        with pytest.raises(UsageError, match="dry run"):
+            restore.restore_run(engine, UUID(report["run_id"]))
+
+    def test_unknown_memory(self, engine):
+        """Restoring a memory the worker never touched is refused."""
+        with pytest.raises(NotFoundError):
+            restore.restore_memory(engine, UUID(int=3))
