@@ -1,0 +1,24 @@
+# memory-gc worker image. Production points MEMORY_GC_DATABASE_URL at its own PostgreSQL
+# (with pgvector); without it the worker would start an embedded server under /data.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    MEMORY_GC_DATA_DIR=/data
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY gc_worker ./gc_worker
+COPY jobs ./jobs
+COPY config ./config
+RUN pip install . \
+    && useradd --create-home --uid 10001 memorygc \
+    && mkdir -p /data && chown memorygc /data
+
+USER memorygc
+VOLUME ["/data"]
+# 9108: Prometheus metrics and /healthz of `memory-gc schedule --metrics-port 9108`
+EXPOSE 9108
+ENTRYPOINT ["memory-gc"]
+CMD ["schedule", "--metrics-port", "9108"]
