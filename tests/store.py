@@ -89,7 +89,11 @@ def run(
 
 
 def acted_on(report: dict[str, Any], action: str | None = None) -> set[str]:
-    """Memory ids the report lists (optionally only one kind of action)."""
+    """Memory ids the report's changes name (optionally only one kind of action)."""
     return {
-        a["memory_id"] for a in report["actions"] if action is None or a["action"] == action
+        a["memory_id"]
+        for a in report["actions"]
+        if a["memory_id"] is not None
+        and a["action"] != "deferred"
+        and (action is None or a["action"] == action)
     }
