@@ -14,7 +14,6 @@ from gc_worker.cli import Context, parse_now, parse_uuid, progress, write_report
 from gc_worker.errors import UsageError
 from gc_worker.report import build_report
 
-
 # Subcommands that live with their capability (each module has ``register(sub)``).
 EXTENSIONS = ("gc_worker.cli_reviews", "gc_worker.cli_erasure", "gc_worker.cli_schedule")
 

@@ -10,7 +10,6 @@ from alembic import command
 
 from gc_worker import db, schema
 from gc_worker.cli import main
-
 from tests.store import NOW, add, days_ago, snapshot, status
 
 NOW_ARG = NOW.isoformat()

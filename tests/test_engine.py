@@ -13,7 +13,6 @@ from gc_worker import restore
 from gc_worker.config import RunSettings, Settings, UserCapSettings
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.report import build_report
-
 from tests.store import NOW, acted_on, add, days_ago, execute, get, run, snapshot, status
 
 

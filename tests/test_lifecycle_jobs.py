@@ -9,7 +9,6 @@ from sqlalchemy import text
 
 from gc_worker.config import DecaySettings, Settings, UserCapSettings
 from jobs.decay import decayed_confidence
-
 from tests.store import NOW, acted_on, add, days_ago, execute, get, run, status
 
 SECOND = timedelta(seconds=1)
