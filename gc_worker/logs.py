@@ -10,6 +10,16 @@ import sys
 import structlog
 
 
+class _Stderr:
+    """Whatever sys.stderr is at write time (it may be swapped after configuration)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str | None = None) -> None:
     name = (level or os.environ.get("MEMORY_GC_LOG_LEVEL") or "info").upper()
     numeric = logging.getLevelName(name)
@@ -24,6 +34,6 @@ def configure(level: str | None = None) -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=False,
     )
