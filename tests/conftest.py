@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,13 +30,18 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("memory-gc-data")
+def pg_data_dir() -> Iterator[Path]:
+    """Outside pytest's numbered temp dirs, which a concurrent session may prune under us."""
+    path = Path(tempfile.mkdtemp(prefix="memory-gc-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
 def pg_server(pg_data_dir: Path):
-    return db.embedded_server(pg_data_dir)
+    server = db.embedded_server(pg_data_dir)
+    yield server
+    server.cleanup()
 
 
 @pytest.fixture(scope="session")
