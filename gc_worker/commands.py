@@ -178,6 +178,10 @@ def cmd_runs(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, ctx: Context) -> int:
-    from gc_worker import demo
+    import os
+
+    from gc_worker import demo, logs
+
+    logs.configure(os.environ.get("MEMORY_GC_LOG_LEVEL") or "warning")  # a person is reading
 
     return demo.run_demo(ctx, output_dir=args.output_dir, apply=args.apply)
