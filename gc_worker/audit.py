@@ -3,6 +3,7 @@ transaction, so a memory change and its audit row commit or roll back together."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 from uuid import UUID
@@ -13,7 +14,7 @@ from sqlalchemy.engine import Connection
 from gc_worker.actions import Action, Kind
 from gc_worker.execute import Outcome
 from gc_worker.queries import q
-from gc_worker.tables import gc_actions, gc_run_batches
+from gc_worker.tables import gc_run_batches
 
 
 def batches_insert() -> sa.Insert:
@@ -27,15 +28,42 @@ def record(
     actions: Sequence[Action],
     *,
     outcome: str,
-    prior: dict[UUID, dict[str, Any]] | None = None,
+    prior: dict[UUID, str] | dict[UUID, dict[str, Any]] | None = None,
     seq_start: int = 0,
 ) -> None:
-    rows = [
-        _row(run_id, batch_no, seq_start + i, a, outcome, (prior or {}).get(a.memory_id))
-        for i, a in enumerate(actions)
-    ]
-    if rows:
-        conn.execute(sa.insert(gc_actions), rows)
+    """Write one ``gc_actions`` row per action with COPY (one round trip for any number).
+
+    ``prior`` values are JSON text (execute.lock_rows) or dicts; an action without one stores
+    JSON ``null``.
+    """
+    if not actions:
+        return
+    prior = prior or {}
+    driver = conn.connection.driver_connection
+    with driver.cursor() as cursor, cursor.copy(COPY_ACTIONS) as copy:
+        for seq, action in enumerate(actions, start=seq_start):
+            copy.write_row(
+                _copy_row(run_id, batch_no, seq, action, outcome, prior.get(action.memory_id))
+            )
+
+
+COPY_ACTIONS = (
+    "COPY gc_actions (run_id, batch_no, seq, job, action, memory_id, user_id, reason, details,"
+    " row_version, outcome, prior, content_preview) FROM STDIN"
+)
+
+
+def _copy_row(
+    run_id: UUID, batch_no: int, seq: int, action: Action, outcome: str, prior: Any
+) -> tuple[Any, ...]:
+    details = dict(action.details)
+    if action.group is not None:
+        details["group"] = action.group
+    return (
+        run_id, batch_no, seq, action.job, action.action.value, action.memory_id,
+        action.user_id, action.reason, json.dumps(details), action.row_version, outcome,
+        prior if isinstance(prior, str) else json.dumps(prior), action.preview,
+    )  # fmt: skip
 
 
 def record_outcome(conn: Connection, run_id: UUID, batch_no: int, outcome: Outcome) -> None:
@@ -44,29 +72,6 @@ def record_outcome(conn: Connection, run_id: UUID, batch_no: int, outcome: Outco
         conn, run_id, batch_no, outcome.drifted, outcome="drifted",
         prior=outcome.prior, seq_start=len(outcome.applied),
     )  # fmt: skip
-
-
-def _row(
-    run_id: UUID, batch_no: int, seq: int, action: Action, outcome: str, prior: Any
-) -> dict[str, Any]:
-    details = dict(action.details)
-    if action.group is not None:
-        details["group"] = action.group
-    return {
-        "run_id": run_id,
-        "batch_no": batch_no,
-        "seq": seq,
-        "job": action.job,
-        "action": action.action.value,
-        "memory_id": action.memory_id,
-        "user_id": action.user_id,
-        "reason": action.reason,
-        "details": details,
-        "row_version": action.row_version,
-        "outcome": outcome,
-        "prior": prior,
-        "content_preview": action.preview,
-    }
 
 
 def load_planned(conn: Connection, run_id: UUID, batch_no: int) -> list[Action]:

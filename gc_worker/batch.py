@@ -46,6 +46,7 @@ class BatchContext:
     taken: set[UUID] = field(default_factory=set)
     importance: dict[UUID, int] = field(default_factory=dict)
     created: Counter[str] = field(default_factory=Counter)
+    held: set[UUID] = field(default_factory=set)  # rows a review queued in this batch names
     stats: dict[str, JobStats] = field(default_factory=dict)
 
     def job_stats(self, job: str) -> JobStats:
@@ -74,4 +75,6 @@ class BatchContext:
                 self.importance[action.memory_id] = int(action.details["importance"])
             if action.action is Kind.CREATE_MERGED:
                 self.created[action.user_id] += 1
+            if action.action is Kind.REVIEW:
+                self.held.update(UUID(str(m)) for m in action.details.get("memory_ids", ()))
         return actions

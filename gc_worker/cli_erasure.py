@@ -1,7 +1,104 @@
-"""Subcommands: (to be written)."""
+"""Subcommands for "forget me": ``forget-user``, ``forget``, ``verify-erasure`` (docs/erasure.md).
 
+Exit codes: 0 done, 2 unknown user / memory / request (nothing changed), 1 a purge-now that
+could not finish (the request stays pending for the next run) or residues found.
+"""
+
+from __future__ import annotations
+
+import argparse
 from typing import Any
+
+from gc_worker.cli import Context, parse_now, parse_uuid
 
 
 def register(sub: Any) -> None:
     """Add this module's subcommands to the parser."""
+    user = sub.add_parser(
+        "forget-user", help="erase every memory of a user", description=cmd_forget_user.__doc__
+    )
+    user.add_argument("user_id")
+    _common(user, cmd_forget_user)
+    memory = sub.add_parser(
+        "forget", help="erase one memory (and what was derived from it)",
+        description=cmd_forget.__doc__,
+    )  # fmt: skip
+    memory.add_argument("memory_id")
+    _common(memory, cmd_forget)
+    check = sub.add_parser(
+        "verify-erasure", help="prove an erasure left nothing behind",
+        description=cmd_verify.__doc__,
+    )  # fmt: skip
+    target = check.add_mutually_exclusive_group(required=True)
+    target.add_argument("user_id", nargs="?")
+    target.add_argument("--memory", dest="memory_id", metavar="ID")
+    check.add_argument(
+        "--all-tables", action="store_true", help="scan every table of the schema, not only gc_*"
+    )
+    check.add_argument("--now", help="the instant recorded as verified_at (ISO 8601)")
+    check.set_defaults(handler=cmd_verify)
+
+
+def _common(parser: argparse.ArgumentParser, handler: Any) -> None:
+    parser.add_argument(
+        "--purge-now", action="store_true",
+        help="erase, physically delete and scrub at once instead of on the next run",
+    )  # fmt: skip
+    parser.add_argument("--now", help="fix the clock (ISO 8601 with timezone)")
+    parser.set_defaults(handler=handler)
+
+
+def cmd_forget_user(args: argparse.Namespace, ctx: Context) -> int:
+    """File a request to erase every memory of USER_ID (the next run carries it out)."""
+    return _forget(ctx, args, user_id=args.user_id)
+
+
+def cmd_forget(args: argparse.Namespace, ctx: Context) -> int:
+    """File a request to erase one memory and every record derived from it."""
+    return _forget(ctx, args, memory_id=parse_uuid(args.memory_id, "memory id"))
+
+
+def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
+    from gc_worker import erasure
+
+    engine = ctx.engine()
+    request, run_id = erasure.forget(
+        engine, ctx.settings, now=parse_now(args.now), purge_now=args.purge_now, **target
+    )
+    what = f"user {request.user_id}" if request.kind == "user" else f"memory {request.memory_id}"
+    state = "filed" if request.created else "already pending (same request)"
+    print(f"erasure request {request.id} for {what}: {state}")
+    if run_id is None:
+        print("the next run erases it; `memory-gc run --user ID` does it now, --purge-now at once")
+        return 0
+    with engine.connect() as conn:
+        done = erasure.get_request(conn, request.id)
+    if done["status"] != "completed":
+        print(f"run {run_id} could not erase everything (rows changed meanwhile); "
+              "the request stays pending for the next run")  # fmt: skip
+        return 1
+    result = done["result"]
+    print(f"run {run_id}: erased {result.get('erased', 0)}, purged {result.get('purged', 0)}, "
+          f"reactivated {result.get('reactivated', 0)}; "
+          f"`memory-gc verify-erasure {_verify_arg(request)}` checks for residues")  # fmt: skip
+    return 0
+
+
+def _verify_arg(request: Any) -> str:
+    return request.user_id if request.kind == "user" else f"--memory {request.memory_id}"
+
+
+def cmd_verify(args: argparse.Namespace, ctx: Context) -> int:
+    """Scan the store and every worker table for the erased ids and content."""
+    from gc_worker.verify_erasure import verify
+
+    memory_id = parse_uuid(args.memory_id, "memory id") if args.memory_id else None
+    result = verify(
+        ctx.engine(), now=parse_now(args.now), user_id=args.user_id, memory_id=memory_id,
+        all_tables=args.all_tables,
+    )  # fmt: skip
+    for residue in result.residues:
+        print(f"residue: {residue.describe()}")
+    print(f"verify-erasure {result.target}: {len(result.residues)} residues "
+          f"({result.tables} tables, {result.columns} columns scanned)")  # fmt: skip
+    return 0 if result.clean else 1

@@ -1,7 +1,120 @@
-"""Subcommands: (to be written)."""
+"""Subcommands: ``memory-gc reviews list`` and ``memory-gc reviews resolve`` (gc_worker.reviews).
 
+    memory-gc reviews list [--user ID] [--status open|resolved|all] [--limit N] [--json]
+    memory-gc reviews resolve ID (--keep MEMORY_ID | --obsolete MEMORY_ID | --dismiss) [--now T]
+
+Resolving prints the run that made the change; `memory-gc restore --run RUN_ID` undoes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
 from typing import Any
+
+from gc_worker import reviews
+from gc_worker.cli import Context, parse_now, parse_uuid
+from gc_worker.errors import UsageError
 
 
 def register(sub: Any) -> None:
     """Add this module's subcommands to the parser."""
+    parser = sub.add_parser(
+        "reviews",
+        help="the review queue: conflicts the worker left to a person",
+        description="List and resolve review items (conflicts the worker did not decide alone).",
+    )
+    commands = parser.add_subparsers(dest="reviews_command", required=True)
+    listing = commands.add_parser("list", help="list review items, newest first")
+    listing.add_argument("--user", metavar="ID", help="only this user's items")
+    listing.add_argument("--status", choices=("open", "resolved", "all"), default="open")
+    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(handler=cmd_list)
+    resolve = commands.add_parser("resolve", help="close one item with a decision")
+    resolve.add_argument("review_id", metavar="ID")
+    decision = resolve.add_mutually_exclusive_group(required=True)
+    decision.add_argument("--keep", metavar="MEMORY_ID", help="keep this one, obsolete the rest")
+    decision.add_argument("--obsolete", metavar="MEMORY_ID", help="obsolete this one")
+    decision.add_argument("--dismiss", action="store_true", help="change nothing, stop asking")
+    resolve.add_argument("--now", help="the instant recorded for the change (ISO 8601)")
+    resolve.set_defaults(handler=cmd_resolve)
+
+
+def cmd_list(args: argparse.Namespace, ctx: Context) -> int:
+    status = None if args.status == "all" else args.status
+    with ctx.engine().connect() as conn:
+        items = reviews.list_reviews(conn, user_id=args.user, status=status, limit=args.limit)
+        rows = reviews.members(conn, [m for item in items for m in item.memory_ids])
+    if args.json:
+        print(json.dumps([_as_json(item, rows) for item in items], indent=2))
+        return 0
+    if not items:
+        print(f"no {args.status} review items" if status else "no review items")
+    for item in items:
+        print(_describe(item, rows))
+    return 0
+
+
+def cmd_resolve(args: argparse.Namespace, ctx: Context) -> int:
+    result = reviews.resolve_review(
+        ctx.engine(),
+        _review_id(args.review_id),
+        keep=parse_uuid(args.keep, "--keep memory id") if args.keep else None,
+        obsolete=parse_uuid(args.obsolete, "--obsolete memory id") if args.obsolete else None,
+        dismiss=args.dismiss,
+        now=parse_now(args.now) if args.now else None,
+    )
+    if result.run_id is None:
+        print(f"review {result.review_id} dismissed; nothing changed")
+    else:
+        obsoleted = ", ".join(str(m) for m in result.obsoleted)
+        print(f"review {result.review_id} resolved ({result.decision}): obsolete {obsoleted}; "
+              f"run {result.run_id} (undo: memory-gc restore --run {result.run_id})")  # fmt: skip
+    return 0
+
+
+def _review_id(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(
+            f"review id {value!r} is not a number; see `memory-gc reviews list`"
+        ) from None
+
+
+def _describe(item: reviews.ReviewItem, rows: dict[Any, Any]) -> str:
+    head = (
+        f"#{item.id}  {item.status}  user={item.user_id}  {item.kind}  reason={item.reason}  "
+        f"{item.created_at:%Y-%m-%d %H:%M}"
+    )
+    if item.resolution:
+        head += f"  resolution={item.resolution.get('decision')}"
+    lines = [head]
+    for memory_id in item.memory_ids:
+        row = rows.get(memory_id)
+        state, text = (row.status, row.preview) if row is not None else ("purged", "")
+        lines.append(f"    {memory_id}  [{state}]  {text}")
+    return "\n".join(lines)
+
+
+def _as_json(item: reviews.ReviewItem, rows: dict[Any, Any]) -> dict[str, Any]:
+    return {
+        "id": item.id,
+        "user_id": item.user_id,
+        "kind": item.kind,
+        "reason": item.reason,
+        "status": item.status,
+        "created_at": item.created_at.isoformat(),
+        "resolved_at": item.resolved_at.isoformat() if item.resolved_at else None,
+        "details": item.details,
+        "resolution": item.resolution,
+        "memories": [
+            {
+                "id": str(m),
+                "status": rows[m].status if m in rows else "purged",
+                "preview": rows[m].preview if m in rows else None,
+            }
+            for m in item.memory_ids
+        ],
+    }

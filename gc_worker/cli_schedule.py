@@ -1,7 +1,122 @@
-"""Subcommands: (to be written)."""
+"""Subcommands: ``schedule`` (the daemon), ``request-sweep USER_ID``, ``reject RUN_ID``.
 
+``memory-gc schedule [--metrics-port N] [--metrics-host H] [--once-due [--now ISO]]``
+    runs until SIGTERM / SIGINT (then finishes the current batch and exits 0); with
+    ``--once-due`` it does what is due now and exits (1 if some unit of work failed).
+``memory-gc request-sweep USER_ID [--dry-run]``
+    queues an on-demand sweep of one user for the daemon; prints the request id.
+``memory-gc reject RUN_ID``
+    plan_then_apply: a completed nightly plan not yet applied will never be applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
+
+from gc_worker.cli import Context, parse_now, parse_uuid
+from gc_worker.errors import UsageError
 
 
 def register(sub: Any) -> None:
     """Add this module's subcommands to the parser."""
+    schedule = _add(sub, "schedule", cmd_schedule, "the daemon: nightly cron + on-demand sweeps")
+    schedule.add_argument(
+        "--metrics-port", type=int, metavar="N",
+        help="serve /metrics and /healthz on this port (0: any free port)",
+    )  # fmt: skip
+    schedule.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST",
+                          help="address of the metrics endpoint (default 0.0.0.0)")  # fmt: skip
+    schedule.add_argument("--once-due", action="store_true",
+                          help="do what is due now (resume, nightly slot, due plans, queued "
+                               "sweeps), then exit")  # fmt: skip
+    schedule.add_argument("--now", help="with --once-due: fix the clock (ISO 8601 with timezone)")
+    sweep = _add(sub, "request-sweep", cmd_request_sweep, "queue an on-demand sweep of one user")
+    sweep.add_argument("user_id")
+    sweep.add_argument("--dry-run", action="store_true", help="plan and report only")
+    reject = _add(sub, "reject", cmd_reject, "reject a nightly plan so it is never applied")
+    reject.add_argument("run_id")
+
+
+def _add(sub: Any, name: str, handler: Callable, help_text: str) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def cmd_schedule(args: argparse.Namespace, ctx: Context) -> int:
+    from gc_worker.daemon import Daemon, system_clock
+    from gc_worker.llm_store import open_run_llm
+
+    clock = _clock(args, system_clock)
+    engine = ctx.engine()
+    daemon = Daemon(
+        engine, ctx.settings, clock=clock,
+        llm_factory=lambda: open_run_llm(ctx.settings, ctx.runtime, engine),
+    )  # fmt: skip
+    server = _metrics_server(args, daemon)
+    previous = {sig: signal.signal(sig, lambda *_: daemon.request_stop())
+                for sig in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+    previous_fd = signal.set_wakeup_fd(daemon.wake_fd)  # a signal wakes the sweep loop at once
+    try:
+        if args.once_due:
+            return 1 if daemon.run_once() else 0
+        daemon.serve()
+        return 0
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        daemon.close()
+
+
+def _clock(args: argparse.Namespace, default: Callable[[], datetime]) -> Callable[[], datetime]:
+    if args.now is None:
+        return default
+    if not args.once_due:
+        raise UsageError("--now fixes the clock of one pass; use it with --once-due")
+    fixed = parse_now(args.now)
+    return lambda: fixed
+
+
+def _metrics_server(args: argparse.Namespace, daemon: Any) -> Any:
+    from gc_worker.metrics import serve_http
+
+    if args.metrics_port is None:
+        return None
+    if not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port {args.metrics_port} is not a port (0-65535)")
+    try:
+        server = serve_http(daemon.metrics, daemon.health, args.metrics_host, args.metrics_port)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}; "
+            "pick another --metrics-port"
+        ) from None
+    print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
+    return server
+
+
+def cmd_request_sweep(args: argparse.Namespace, ctx: Context) -> int:
+    from gc_worker.sweeps import request_sweep
+
+    request_id = request_sweep(ctx.engine(), args.user_id, dry_run=args.dry_run)
+    kind = "dry-run sweep" if args.dry_run else "sweep"
+    print(f"{kind} request {request_id} queued for user {args.user_id}; "
+          "a running `memory-gc schedule` picks it up within seconds")  # fmt: skip
+    return 0
+
+
+def cmd_reject(args: argparse.Namespace, ctx: Context) -> int:
+    from gc_worker.scheduler import reject_plan
+
+    run_id = parse_uuid(args.run_id, "run id")
+    reject_plan(ctx.engine(), run_id)
+    print(f"run {run_id} rejected; its plan will not be applied")
+    return 0

@@ -116,8 +116,8 @@ def _process(engine: Any, run_id: Any, ctx: Context, settings: Any = None) -> No
 
 
 def _finish(engine: Any, run_id: Any, paths: list[Path]) -> int:
-    with engine.connect() as conn:
-        report = build_report(conn, run_id)
+    with engine.connect() as conn:  # the summary line needs counts only, not every action
+        report = build_report(conn, run_id, actions=bool(paths))
     for path in write_reports(report, paths):
         print(f"report: {path}")
     print(summary_line(report))

@@ -24,6 +24,9 @@ from gc_worker.errors import ConfigError
 
 ENV_PREFIX = "MEMORY_GC_"
 RUNTIME_ENV = {"DATABASE_URL", "DATA_DIR", "CONFIG", "LOG_LEVEL", "LOG_FORMAT"}
+# Day windows are subtracted from the run's clock: 100 years is "forever" in practice, and a
+# window reaching before year 1 would crash every run with OverflowError.
+MAX_DAYS = 36_500
 
 
 class Section(BaseModel):
@@ -62,7 +65,7 @@ class DecaySettings(JobSection):
     importance_multipliers: tuple[float, float, float, float, float] = (0.5, 0.75, 1.0, 2.0, 4.0)
     forget_below: float = Field(0.05, ge=0, le=1)
     forget_max_importance: int = Field(2, ge=0, le=5)
-    grace_days: float = Field(14, ge=0)
+    grace_days: float = Field(14, ge=0, le=MAX_DAYS)
     epsilon: float = Field(0.01, ge=0, le=1)
 
     @model_validator(mode="after")
@@ -74,6 +77,7 @@ class DecaySettings(JobSection):
 
 class ContradictionSettings(JobSection):
     similarity: float = Field(0.75, gt=0, le=1)
+    max_pairs_per_memory: int = Field(3, ge=1, le=100)
 
 
 class CompactionSettings(JobSection):
@@ -83,8 +87,8 @@ class CompactionSettings(JobSection):
 
 
 class UsagePruneSettings(JobSection):
-    unused_days: float = Field(90, gt=0)
-    grace_days: float = Field(14, ge=0)
+    unused_days: float = Field(90, gt=0, le=MAX_DAYS)
+    grace_days: float = Field(14, ge=0, le=MAX_DAYS)
     max_importance: int = Field(3, ge=0, le=5)
 
 
@@ -96,12 +100,12 @@ class UserCapSettings(JobSection):
 
 
 class HardDeleteSettings(JobSection):
-    retention_days: float = Field(30, ge=0)
-    history_retention_days: float = Field(365, ge=0)
+    retention_days: float = Field(30, ge=0, le=MAX_DAYS)
+    history_retention_days: float = Field(365, ge=0, le=MAX_DAYS)
 
 
 class ErasureSettings(JobSection):
-    retention_days: float = Field(1, ge=0)
+    retention_days: float = Field(1, ge=0, le=MAX_DAYS)
 
 
 class LLMSettings(Section):

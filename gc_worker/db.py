@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
@@ -63,9 +65,37 @@ def _with_psycopg_driver(url: str) -> str:
     return url
 
 
+class ExtremeTimestamptzLoader(psycopg.adapt.Loader):
+    """timestamptz values Python cannot hold (±infinity, BC, after 9999) load as the extreme
+    datetimes instead of failing the whole batch: one such row would otherwise stop every run.
+    Ordinary values go through psycopg's own (C) loader."""
+
+    fast = psycopg.postgres.adapters.get_loader(
+        psycopg.postgres.types["timestamptz"].oid, psycopg.pq.Format.TEXT
+    )
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        self._load = self.fast(oid, context).load
+
+    def load(self, data: Any) -> datetime:
+        try:
+            return self._load(data)
+        except psycopg.DataError:
+            text = bytes(data)
+            early = text.startswith(b"-") or text.endswith(b" BC")
+            return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
+
+
+def _register_loaders(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.adapters.register_loader("timestamptz", ExtremeTimestamptzLoader)
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine whose first connection fails fast with a message an operator can act on."""
     engine = sa.create_engine(url, pool_pre_ping=True, **kwargs)
+    if engine.dialect.driver == "psycopg":
+        sa.event.listen(engine, "connect", _register_loaders)
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))

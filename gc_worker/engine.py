@@ -65,12 +65,20 @@ def resolve_jobs(requested: Sequence[str], settings: Settings) -> tuple[str, ...
     return tuple(n for n in available if getattr(settings, n).enabled)
 
 
-def start_run(engine: Engine, settings: Settings, request: RunRequest) -> UUID:
-    """Record the run and its user batches; nothing is planned yet."""
+def start_run(
+    engine: Engine, settings: Settings, request: RunRequest, *, slot: str | None = None
+) -> UUID:
+    """Record the run and its user batches; nothing is planned yet.
+
+    ``slot`` (unique, e.g. a nightly fire time) makes a second start of the same slot fail with
+    IntegrityError, so replicas firing together create one run (gc_worker.scheduler).
+    """
     run_id = uuid4()
     with transaction(engine) as conn:
         users = _users(conn, request.users)
         conn.execute(q("insert_run"), _run_row(run_id, settings, request))
+        if slot is not None:
+            conn.execute(q("set_run_slot"), {"run_id": run_id, "slot": slot})
         size = settings.run.batch_users
         _insert_batches(conn, run_id, [users[i : i + size] for i in range(0, len(users), size)])
     log.info("gc.run_started", run_id=str(run_id), mode=request.mode, users=len(users))
@@ -125,22 +133,29 @@ def process_run(
     *,
     llm: Any = None,
     on_batch: Callable[[int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> bool:
-    """Work through the run's pending batches; True when this call completed the run."""
+    """Work through the run's pending batches; True when this call completed the run.
+
+    ``should_stop`` is asked between batches (SIGTERM: finish the current batch, then return).
+    """
     with engine.connect() as conn:
         run = load_run(conn, run_id)
     structlog.contextvars.bind_contextvars(run_id=str(run_id), dry_run=run["mode"] == "dry_run")
     if llm is not None:
         llm.begin_run()
     try:
-        while _process_next_batch(engine, run, settings, llm):
+        while not (should_stop and should_stop()) and _process_next_batch(
+            engine, run, settings, llm
+        ):
             if on_batch:
                 on_batch(1)
     except Exception as exc:
         _fail(engine, run_id, exc)
         raise
     finally:
-        structlog.contextvars.unbind_contextvars("run_id", "dry_run")
+        # batch_no / user_id / job are bound per batch; a failed batch must not leak them either
+        structlog.contextvars.unbind_contextvars("run_id", "dry_run", "batch_no", "user_id", "job")
     with transaction(engine) as conn:
         done = conn.execute(q("complete_run"), {"run_id": run_id}).first() is not None
     if done:
@@ -159,6 +174,15 @@ def _process_next_batch(engine: Engine, run: dict[str, Any], settings: Settings,
         batch = conn.execute(q("claim_batch"), {"run_id": run["id"]}).first()
         if batch is None:
             return False
+        # psycopg prepares a statement executed 5 times, and PostgreSQL then switches to a generic
+        # plan, in which `= ANY($1)` cannot hash its array: `NOT (id = ANY(:taken))` over
+        # thousands of ids became a linear search per row from the 10th batch on (10x slower).
+        conn.execute(q("custom_plans"))
+        # one batch at a time per user, across runs (a sweep vs the nightly run)
+        conn.execute(q("lock_batch_users"), {"users": list(batch.users)})
+        structlog.contextvars.bind_contextvars(
+            batch_no=batch.batch_no, user_id=batch.users[0] if len(batch.users) == 1 else None
+        )
         ctx = BatchContext(
             conn=conn, users=list(batch.users), settings=settings, now=run["now"],
             dry_run=run["mode"] == "dry_run", llm=llm,
@@ -192,6 +216,7 @@ def _run_batch(ctx: BatchContext, run: dict[str, Any], batch_no: int) -> dict[st
         applied, drifted = outcome.applied, outcome.drifted
         for action in drifted:
             ctx.job_stats(action.job).drifted += 1
+        _after_apply(ctx, run, applied)
     _refresh(ctx, run["jobs"])
     return {"actions": len(applied), "drifted": len(drifted)}
 
@@ -210,6 +235,15 @@ def plan_batch(ctx: BatchContext, job_names: Sequence[str]) -> list[Action]:
 
 def _llm_calls(ctx: BatchContext) -> int:
     return ctx.llm.usage()["calls"] if ctx.llm is not None else 0
+
+
+def _after_apply(ctx: BatchContext, run: dict[str, Any], applied: list[Action]) -> None:
+    """A job's optional ``after_apply(ctx, applied, run_id=…)``: on apply only, in the batch's
+    transaction, with every applied action of the batch (erasure: tombstones, requests)."""
+    for name in run["jobs"]:
+        hook = getattr(jobs.REGISTRY[name], "after_apply", None)
+        if hook is not None:
+            hook(ctx, applied, run_id=run["id"])
 
 
 def _refresh(ctx: BatchContext, job_names: Sequence[str]) -> None:

@@ -221,8 +221,13 @@ def _preview(content: Any) -> str:
 
 
 def _details_text(details: Mapping[str, Any]) -> str:
-    shown = [f"{k}={_short_id(v)}" for k, v in details.items() if k not in _LIST_KEYS]
+    shown = [f"{k}={_clipped(_short_id(v))}" for k, v in details.items() if k not in _LIST_KEYS]
     return ", ".join(shown) or "—"
+
+
+def _clipped(text: str) -> str:
+    """A detail value cut to the preview length (a merged record holds a whole memory text)."""
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
 def _id_list(ids: Sequence[Any]) -> str:

@@ -7,6 +7,7 @@ Rendering to Markdown / HTML lives in gc_worker.render.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, defaultdict
 from datetime import datetime
 from pathlib import Path
@@ -20,19 +21,31 @@ from gc_worker.engine import load_run
 from gc_worker.queries import q
 
 REPORT_VERSION = 1
+STREAM = {"stream_results": True, "yield_per": 2000}
 LISTED = ("planned", "applied", "restored")
 LLM_KEYS = ("calls", "input_tokens", "output_tokens", "cache_hits")
 
 
-def build_report(conn: Connection, run_id: UUID) -> dict[str, Any]:
+def build_report(conn: Connection, run_id: UUID, *, actions: bool = True) -> dict[str, Any]:
+    """The run's report; ``actions=False`` leaves the ``actions`` list empty (counts stay exact),
+    for callers that only need the totals, so memory does not grow with the number of actions."""
     run = load_run(conn, run_id)
     job_rows = _job_counters(conn, run)
-    actions, drifted = [], []
-    for row in conn.execute(q("run_actions"), {"run_id": run_id}):
-        entry = _action_entry(row)
-        (drifted if row.outcome == "drifted" else actions).append(entry)
-    _count(actions, job_rows)
-    by_action = Counter(a["action"] for a in actions)
+    listed: list[dict[str, Any]] = []
+    drifted: list[dict[str, Any]] = []
+    users: dict[str, Counter] = defaultdict(Counter)
+    by_action: Counter[str] = Counter()
+    # streamed (server-side cursor): a run with 100,000s of actions is never held twice
+    rows = conn.execute(q("run_actions"), {"run_id": run_id}, execution_options=STREAM)
+    for row in rows:
+        if row.outcome == "drifted":
+            drifted.append(_action_entry(row))
+            continue
+        _count(row, job_rows)
+        users[row.user_id][row.action] += 1
+        by_action[row.action] += 1
+        if actions:
+            listed.append(_action_entry(row))
     return {
         "report_version": REPORT_VERSION,
         "run_id": str(run["id"]),
@@ -44,10 +57,10 @@ def build_report(conn: Connection, run_id: UUID) -> dict[str, Any]:
         "plan_run_id": _str(run["plan_run_id"]),
         "applied_by": _str(run["applied_by"]),
         "scope": {"users": run["users"], "jobs": list(run["jobs"])},
-        "totals": {"actions": len(actions), "by_action": dict(sorted(by_action.items()))},
+        "totals": {"actions": by_action.total(), "by_action": dict(sorted(by_action.items()))},
         "jobs": job_rows,
-        "per_user": _per_user(actions),
-        "actions": actions,
+        "per_user": _per_user(users),
+        "actions": listed,
         "drifted": drifted,
         "llm": _llm_totals(conn, run),
     }
@@ -71,31 +84,27 @@ def _job_counters(conn: Connection, run: dict[str, Any]) -> dict[str, dict[str, 
     return rows
 
 
-def _count(actions: list[dict[str, Any]], job_rows: dict[str, dict[str, Any]]) -> None:
-    for action in actions:
-        row = job_rows.setdefault(action["job"], {"actions": 0, "by_action": {}, "skipped": 0})
-        row["actions"] += 1
-        row["by_action"][action["action"]] = row["by_action"].get(action["action"], 0) + 1
+def _count(action: Any, job_rows: dict[str, dict[str, Any]]) -> None:
+    row = job_rows.setdefault(action.job, {"actions": 0, "by_action": {}, "skipped": 0})
+    row["actions"] += 1
+    row["by_action"][action.action] = row["by_action"].get(action.action, 0) + 1
 
 
 def _action_entry(row: Any) -> dict[str, Any]:
     details = dict(row.details)
     if row.content_preview is not None:
         details["content"] = row.content_preview
-    return {
-        "job": row.job,
-        "action": row.action,
+    return {  # repeated names are interned: one string object per job / action / user / reason
+        "job": sys.intern(row.job),
+        "action": sys.intern(row.action),
         "memory_id": _str(row.memory_id),
-        "user_id": row.user_id,
-        "reason": row.reason,
+        "user_id": sys.intern(row.user_id),
+        "reason": sys.intern(row.reason),
         "details": details,
     }
 
 
-def _per_user(actions: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    users: dict[str, Counter] = defaultdict(Counter)
-    for action in actions:
-        users[action["user_id"]][action["action"]] += 1
+def _per_user(users: dict[str, Counter]) -> dict[str, dict[str, Any]]:
     return {
         user: {"actions": sum(c.values()), "by_action": dict(sorted(c.items()))}
         for user, c in sorted(users.items())

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from jobs import decay, hard_delete, ttl_expiry, usage_prune, user_cap
+from jobs import (
+    compaction,
+    contradiction,
+    decay,
+    erasure,
+    hard_delete,
+    importance,
+    ttl_expiry,
+    usage_prune,
+    user_cap,
+)
 
 ORDER: tuple[str, ...] = (
     "erasure",
@@ -24,7 +34,18 @@ ORDER: tuple[str, ...] = (
 )
 
 REGISTRY: dict[str, ModuleType] = {
-    module.NAME: module for module in (ttl_expiry, decay, usage_prune, user_cap, hard_delete)
+    module.NAME: module
+    for module in (
+        erasure,
+        ttl_expiry,
+        importance,
+        decay,
+        contradiction,
+        compaction,
+        usage_prune,
+        user_cap,
+        hard_delete,
+    )
 }
 
 

@@ -6,22 +6,60 @@ Options (``[user_cap]``):
     fallback_to_evict = false   with "summarize": evict anyway when the LLM can't summarise
     max_summary_depth = 1  a summary is not folded into a summary-of-summaries beyond this
 
-Eviction order: lowest importance first, then least recently used (last_accessed_at, else
-created_at), then oldest, then id. Emits ``soft_delete`` with reason ``over_cap``.
+Eviction order: lowest importance first (as re-assessed earlier in the run), then least recently
+used (last_accessed_at, else created_at), then oldest, then id. ``overflow = "evict"`` emits
+``soft_delete`` with reason ``over_cap`` for the ``active - cap`` least valuable unpinned rows.
+
+``overflow = "summarize"``: the summary is one more active row, so the ``active - cap + 1`` least
+valuable rows are taken. Those that may be folded (summary depth < ``max_summary_depth``; an
+ordinary row has depth 0, a summary the worker made has ``metadata.summary_depth``, one the
+application wrote with memory_type ``summary`` counts as depth 1) are folded by the LLM into one
+record — ``create_merged`` (memory_type ``summary``, source ``gc_merge``, importance the highest
+among the folded rows, ``metadata.summary_depth`` one more than theirs, embedding from the
+embeddings port, else the normalised centroid of the folded rows' embeddings, lineage to each)
+and a ``soft_delete`` per folded row (reason ``over_cap_summarized``, superseded_by the summary),
+all in one group. Taken rows that may not be folded any more are evicted plainly (``over_cap``):
+a summary is itself subject to the cap, it is just not re-summarised past the depth.
+
+Summarising needs at least two foldable rows among the taken ones and ``active - cap + 1``
+evictable rows; otherwise (pinned rows leave too little room) eviction is plain, exactly as with
+``overflow = "evict"``. When the LLM is offline, unavailable, out of budget or its answer is
+invalid: with ``fallback_to_evict`` the rows are evicted plainly (``details.fallback`` says why);
+without it nothing changes for that user, who stays over the cap and is listed as ``deferred``
+(reason ``llm_unavailable`` / ``llm_invalid`` / ``llm_budget``; details.memory_ids = the rows
+that would have been folded, details.over_cap_by).
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
+from uuid import UUID, uuid4
 
-from gc_worker.actions import Action, soft_delete
+import structlog
+
+from gc_worker.actions import Action, Kind, soft_delete
 from gc_worker.batch import BatchContext
+from gc_worker.llm import (
+    LLMBudgetExhausted,
+    LLMError,
+    LLMInvalidAnswer,
+    LLMUnavailable,
+    centroid_embedding,
+)
 from gc_worker.queries import q
+from jobs.importance import BUDGET, INVALID, UNAVAILABLE, deferred
 
 NAME = "user_cap"
 REASON = "over_cap"
+SUMMARIZED = "over_cap_summarized"
+SUMMARY_TYPE = "summary"
+SUMMARY_SOURCE = "gc_merge"
+
+log = structlog.get_logger("memory_gc")
 
 
 def eviction_key(row: Any, importance: Mapping) -> tuple:
@@ -42,6 +80,13 @@ def choose_evictions(
     return sorted(rows, key=lambda row: eviction_key(row, importance))[:excess]
 
 
+def by_user(rows: Iterable[Any]) -> dict[str, list[Any]]:
+    grouped: dict[str, list[Any]] = defaultdict(list)
+    for row in rows:
+        grouped[row.user_id].append(row)
+    return grouped
+
+
 def plan_user_cap(
     rows: Iterable[Any],
     active_counts: Mapping[str, int],
@@ -50,16 +95,170 @@ def plan_user_cap(
     importance: Mapping | None = None,
 ) -> list[Action]:
     """Evict per user down to the cap; ``active_counts`` includes pinned rows."""
-    by_user: dict[str, list[Any]] = defaultdict(list)
-    for row in rows:
-        by_user[row.user_id].append(row)
+    grouped = by_user(rows)
     actions = []
     for user_id in sorted(active_counts):
         chosen = choose_evictions(
-            by_user[user_id], active=active_counts[user_id], cap=cap, importance=importance
+            grouped[user_id], active=active_counts[user_id], cap=cap, importance=importance
         )
         actions += [soft_delete(NAME, r, REASON, active=active_counts[user_id]) for r in chosen]
     return actions
+
+
+def summary_depth(row: Any) -> int:
+    """How many summarisations deep a row is (0 for an ordinary memory)."""
+    metadata = row.metadata if isinstance(row.metadata, dict) else {}
+    value = metadata.get("summary_depth")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return 1 if row.memory_type == SUMMARY_TYPE else 0
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """One over-cap user's plan: rows to fold into a summary, rows to evict plainly."""
+
+    user_id: str
+    excess: int
+    fold: tuple[Any, ...]
+    evict: tuple[Any, ...]
+    plain: tuple[Any, ...]  # what plain eviction takes (the fallback)
+
+
+def split_overflow(
+    user_id: str,
+    rows: Iterable[Any],
+    *,
+    active: int,
+    cap: int,
+    max_depth: int,
+    importance: Mapping | None = None,
+) -> Overflow:
+    """Which of one user's evictable rows to fold and which to evict (module docstring)."""
+    importance = importance or {}
+    ordered = sorted(rows, key=lambda row: eviction_key(row, importance))
+    excess = max(active - cap, 0)
+    plain = tuple(ordered[:excess])
+    taken = ordered[: excess + 1]
+    fold = tuple(row for row in taken if summary_depth(row) < max_depth)
+    if excess == 0 or len(ordered) < excess + 1 or len(fold) < 2:
+        return Overflow(user_id, excess, (), plain, plain)
+    evict = tuple(row for row in taken if summary_depth(row) >= max_depth)
+    return Overflow(user_id, excess, fold, evict, plain)
+
+
+def summary_record(
+    fold: Sequence[Any],
+    full: Mapping[UUID, Any],
+    *,
+    text: str,
+    embedding: list[float] | None,
+    embedding_source: str,
+    importance: Mapping,
+    now_iso: str,
+) -> dict[str, Any]:
+    """The memories columns of the summary of ``fold`` (``full`` = their complete rows)."""
+    members = [full[row.id] for row in fold]
+    scopes = {m.scope for m in members}
+    expiries = [m.expires_at for m in members]
+    accessed = [m.last_accessed_at for m in members if m.last_accessed_at is not None]
+    return {
+        "content": text,
+        "embedding": embedding,
+        "memory_type": SUMMARY_TYPE,
+        "source": SUMMARY_SOURCE,
+        "scope": scopes.pop() if len(scopes) == 1 else None,
+        "importance": max(importance.get(row.id, row.importance) for row in fold),
+        "importance_assessed_at": now_iso,
+        "confidence": max(m.confidence for m in members),
+        "last_accessed_at": max(accessed).isoformat() if accessed else None,
+        "expires_at": None if None in expiries else max(expiries).isoformat(),
+        "metadata": {
+            "summary_depth": max(summary_depth(row) for row in fold) + 1,
+            "summarized_count": len(fold),
+            "embedding_source": embedding_source,
+        },
+    }
+
+
+def summary_actions(overflow: Overflow, record: Mapping[str, Any]) -> list[Action]:
+    """create_merged for the summary, then a soft delete per folded row, as one group."""
+    summary_id = uuid4()
+    group = f"summary:{summary_id}"
+    create = Action(
+        job=NAME,
+        action=Kind.CREATE_MERGED,
+        user_id=overflow.user_id,
+        reason=SUMMARIZED,
+        memory_id=summary_id,
+        details={
+            "record": dict(record),
+            "sources": [str(row.id) for row in overflow.fold],
+            "summary_depth": record["metadata"]["summary_depth"],
+        },
+        preview=record["content"][:200],
+        group=group,
+    )
+    folded = [
+        replace(soft_delete(NAME, row, SUMMARIZED, superseded_by=str(summary_id)), group=group)
+        for row in overflow.fold
+    ]
+    return [create, *folded, *evictions(overflow.evict)]
+
+
+def evictions(rows: Iterable[Any], **details: Any) -> list[Action]:
+    return [soft_delete(NAME, row, REASON, **details) for row in rows]
+
+
+def declined(ctx: BatchContext, overflow: Overflow, reason: str) -> list[Action]:
+    """The plan for a user whose summary could not be made (module docstring)."""
+    log.info("user_cap.summary_skipped", user_id=overflow.user_id, reason=reason)
+    if ctx.settings.user_cap.fallback_to_evict:
+        return evictions(overflow.plain, fallback=reason)
+    ids = [row.id for row in overflow.fold]
+    return [deferred(NAME, overflow.user_id, ids, reason, over_cap_by=overflow.excess)]
+
+
+def failure_reason(ctx: BatchContext, exc: Exception) -> str:
+    """The deferral reason for a failed summary, counting the errors."""
+    if isinstance(exc, LLMBudgetExhausted):
+        return BUDGET
+    if isinstance(exc, LLMInvalidAnswer | LLMUnavailable):
+        ctx.job_stats(NAME).errors += 1
+    return INVALID if isinstance(exc, LLMInvalidAnswer) else UNAVAILABLE
+
+
+def summary_embedding(
+    ctx: BatchContext, text: str, fold: Sequence[Any], full: Mapping[UUID, Any]
+) -> tuple[list[float] | None, str]:
+    """(embedding, where it came from): the embeddings port, else the members' centroid."""
+    try:
+        return ctx.llm.embed([text])[0], "embeddings_model"
+    except LLMError as exc:
+        log.warning("user_cap.summary_embedding_failed", error=str(exc))
+    vectors = [json.loads(full[row.id].embedding) for row in fold if full[row.id].embedding]
+    if not vectors:
+        return None, "none"
+    return centroid_embedding(vectors), "centroid"
+
+
+def plan_overflow(ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any]) -> list[Action]:
+    """One over-cap user's actions in summarize mode."""
+    if not overflow.fold:
+        return evictions(overflow.evict)
+    if ctx.llm is None:
+        return declined(ctx, overflow, UNAVAILABLE)
+    members = [(row.id, full[row.id].content) for row in overflow.fold]
+    try:
+        text = ctx.llm.summarize(overflow.user_id, members)
+    except LLMError as exc:
+        return declined(ctx, overflow, failure_reason(ctx, exc))
+    embedding, source = summary_embedding(ctx, text, overflow.fold, full)
+    record = summary_record(
+        overflow.fold, full, text=text, embedding=embedding, embedding_source=source,
+        importance=ctx.importance, now_iso=ctx.now.isoformat(),
+    )  # fmt: skip
+    return summary_actions(overflow, record)
 
 
 def over_cap_counts(ctx: BatchContext) -> dict[str, int]:
@@ -71,11 +270,31 @@ def over_cap_counts(ctx: BatchContext) -> dict[str, int]:
     return {user: n for user, n in counts.items() if n > cap}
 
 
+def plan_summaries(
+    ctx: BatchContext, rows: Iterable[Any], counts: Mapping[str, int]
+) -> list[Action]:
+    """Summarize-mode actions for every over-cap user of the batch."""
+    policy = ctx.settings.user_cap
+    grouped = by_user(rows)
+    overflows = [
+        split_overflow(
+            user_id, grouped[user_id], active=counts[user_id], cap=policy.max_memories,
+            max_depth=policy.max_summary_depth, importance=ctx.importance,
+        )
+        for user_id in sorted(counts)
+    ]  # fmt: skip
+    fold_ids = [row.id for overflow in overflows for row in overflow.fold]
+    full = {row.id: row for row in ctx.conn.execute(q("user_cap_fold_rows"), {"ids": fold_ids})}
+    return [action for overflow in overflows for action in plan_overflow(ctx, overflow, full)]
+
+
 def plan(ctx: BatchContext) -> list[Action]:
     counts = over_cap_counts(ctx)
     if not counts:
         return []
     rows = ctx.conn.execute(q("user_cap_candidates"), ctx.params() | {"users": list(counts)})
+    if ctx.settings.user_cap.overflow == "summarize":
+        return plan_summaries(ctx, rows, counts)
     return plan_user_cap(
         rows, counts, cap=ctx.settings.user_cap.max_memories, importance=ctx.importance
     )

@@ -275,13 +275,10 @@ class TestCompleteLinkageGroups:
     def test_post_check_splits_a_chained_cluster(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """If the clusterer ever returned a chained cluster, the post-check splits it."""
 
-        class OneCluster:
-            def __init__(self, **_: object) -> None: ...
+        def one_cluster(sims: np.ndarray, _similarity: float) -> np.ndarray:
+            return np.zeros(len(sims), dtype=int)
 
-            def fit_predict(self, distances: np.ndarray) -> np.ndarray:
-                return np.zeros(len(distances), dtype=int)
-
-        monkeypatch.setattr(similarity, "AgglomerativeClustering", OneCluster)
+        monkeypatch.setattr(similarity, "_cluster_labels", one_cluster)
         result = groups(["a", "b", "c", "d"], path(0.95, 0.9, 0.99))
         assert result == [["a", "b"], ["c", "d"]]
 

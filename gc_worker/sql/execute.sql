@@ -1,7 +1,11 @@
 -- lock_rows --
--- Lock the rows a batch's plan touches (in id order) and read their version and prior state.
-SELECT id, xmin::text::bigint AS row_version, status, status_reason, status_changed_at,
-       superseded_by, deleted_at, valid_until, importance, importance_assessed_at, pinned
+-- Lock the rows a batch's plan touches (in id order); their version and prior state (PRIOR_FIELDS).
+SELECT id, xmin::text::bigint AS row_version,
+       jsonb_build_object('status', status, 'status_reason', status_reason,
+                          'status_changed_at', status_changed_at, 'superseded_by', superseded_by,
+                          'deleted_at', deleted_at, 'valid_until', valid_until,
+                          'importance', importance,
+                          'importance_assessed_at', importance_assessed_at)::text AS prior
 FROM memories
 WHERE id = ANY(:ids)
 ORDER BY id

@@ -54,22 +54,6 @@ WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
   AND (importance <= :max_importance OR id = ANY(:reassessed))
 ORDER BY user_id, id
 
--- user_cap_counts --
--- Users of the batch with more active rows than the cap (pinned rows count, rows already acted on don't).
-SELECT user_id, count(*) AS active
-FROM memories
-WHERE user_id = ANY(:users) AND status = 'active' AND NOT (id = ANY(:taken))
-GROUP BY user_id
-HAVING count(*) > :floor
-
--- user_cap_candidates --
--- The evictable (active, unpinned) rows of the over-cap users.
-SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
-       importance, created_at, last_accessed_at, memory_type, source, metadata
-FROM memories
-WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned AND NOT (id = ANY(:taken))
-ORDER BY user_id, id
-
 -- hard_delete_candidates --
 -- Soft-deleted / obsolete / merged rows whose retention has run out at :now.
 SELECT id, user_id, xmin::text::bigint AS row_version, status, status_reason, pinned,

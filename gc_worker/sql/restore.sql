@@ -5,6 +5,7 @@ SELECT a.id AS action_id, a.run_id, a.job, a.action, a.memory_id, a.user_id, a.r
 FROM gc_actions a JOIN gc_runs r ON r.id = a.run_id
 WHERE a.run_id = :run_id AND a.outcome = 'applied'
   AND a.action IN ('soft_delete', 'obsolete', 'merge', 'create_merged', 'set_importance')
+  AND a.reason NOT LIKE 'erasure%'  -- an erasure is never undone
   AND (CAST(:memory_ids AS uuid[]) IS NULL OR a.memory_id = ANY(CAST(:memory_ids AS uuid[])))
 ORDER BY a.batch_no DESC, a.seq DESC
 
@@ -14,6 +15,7 @@ SELECT a.run_id, a.action, a.details ->> 'group' AS grp
 FROM gc_actions a
 WHERE a.memory_id = :memory_id AND a.outcome = 'applied'
   AND a.action IN ('soft_delete', 'obsolete', 'merge', 'create_merged', 'set_importance')
+  AND a.reason NOT LIKE 'erasure%'  -- an erasure is never undone
 ORDER BY a.recorded_at DESC, a.id DESC
 LIMIT 1
 

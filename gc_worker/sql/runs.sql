@@ -28,6 +28,10 @@ ORDER BY batch_no
 LIMIT 1
 FOR UPDATE SKIP LOCKED
 
+-- custom_plans --
+-- Plan every statement of the batch transaction for its actual arrays (see engine.py).
+SET LOCAL plan_cache_mode = force_custom_plan
+
 -- finish_batch --
 -- Mark a claimed batch done with its per-job counters.
 UPDATE gc_run_batches

@@ -1,0 +1,325 @@
+"""The ``memory-gc schedule`` daemon: nightly cron, plan review, on-demand sweeps, resumption.
+
+Threads: an APScheduler 3 ``BackgroundScheduler`` runs the ``nightly`` cron job (coalesce,
+max_instances=1, misfire grace from config; it also fires once at start-up to catch up a slot
+missed within the grace) and an ``upkeep`` interval job (apply due plans, resume orphaned
+nightly runs). The main thread waits on LISTEN/NOTIFY or ``poll_seconds`` and serves sweeps.
+
+Any number of daemons share one database: a slot's run is created once (unique
+``gc_runs.slot``) and joined by the others; batches are claimed ``FOR UPDATE SKIP LOCKED``. A
+daemon participating in a run holds a shared advisory lock on it; a ``running`` nightly run
+that nobody holds is orphaned (its daemons died) and is resumed by the next upkeep.
+
+Stopping (SIGTERM, SIGINT): the current batch of each thread commits, then work returns, a
+claimed sweep goes back to the queue, and ``serve`` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import structlog
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy.engine import Engine
+
+from gc_worker import scheduler, sweeps
+from gc_worker.config import Settings
+from gc_worker.engine import (
+    WORKER_ID,
+    RunRequest,
+    load_run,
+    process_run,
+    resolve_jobs,
+    settings_of,
+    start_run,
+)
+from gc_worker.errors import NotFoundError
+from gc_worker.metrics import Metrics
+from gc_worker.queries import q
+
+log = structlog.get_logger("memory_gc")
+
+RESUMABLE = (scheduler.NIGHTLY_TRIGGER, scheduler.APPLY_TRIGGER)
+SWEEP_TRIGGER = "sweep"
+UPKEEP_SECONDS = 30.0
+Clock = Callable[[], datetime]
+
+
+def system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+class Daemon:
+    """One replica's work; every public method is one unit a test (or ``--once-due``) can call."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        *,
+        llm_factory: Callable[[], Any] | None = None,
+        clock: Clock = system_clock,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.engine, self.settings, self.clock = engine, settings, clock
+        self.trigger = scheduler.nightly_trigger(settings.schedule)
+        self.metrics = metrics or Metrics()
+        self._llm_factory = llm_factory or (lambda: None)
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self.failures = 0
+        self.last_loop = time.monotonic()
+
+    # -- stopping and health -------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Finish the current batch(es), then return (safe to call from a signal handler)."""
+        self._stop.set()
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def wake_fd(self) -> int:
+        """Non-blocking pipe end that wakes the sweep loop (``signal.set_wakeup_fd``)."""
+        return self._wake_w
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        age = time.monotonic() - self.last_loop
+        limit = max(60.0, 10 * self.settings.schedule.poll_seconds)
+        ok = not self.stopping() and age <= limit
+        return ok, {"worker": WORKER_ID, "stopping": self.stopping(), "loop_age_seconds": age}
+
+    def close(self) -> None:
+        """Release the wake-up pipe (after ``serve`` / ``run_once`` returned)."""
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    # -- units of work -------------------------------------------------------------------
+
+    def nightly(self) -> UUID | None:
+        """Start or join the run of the slot due now (within the grace); None if none is due."""
+        fire = scheduler.due_slot(
+            self.trigger, self.clock(), self.settings.schedule.misfire_grace_seconds
+        )
+        if fire is None:
+            return None
+        run_id, _ = scheduler.nightly_run(self.engine, self.settings, fire)
+        self.work(run_id)
+        return run_id
+
+    def apply_due_plans(self) -> list[UUID]:
+        """plan_then_apply: apply every nightly plan whose review delay is over (not rejected)."""
+        applied = []
+        delay = self.settings.schedule.apply_delay_minutes
+        for plan_id in scheduler.due_plans(self.engine, self.clock(), delay):
+            if self.stopping():
+                break
+            apply_id = scheduler.apply_run_of(self.engine, plan_id)
+            if apply_id is not None:
+                self.work(apply_id)
+                applied.append(apply_id)
+        return applied
+
+    def resume_orphans(self) -> list[UUID]:
+        """Join nightly runs left ``running`` by daemons that died; returns the runs joined."""
+        resumed = []
+        for run_id in self._orphaned_runs():
+            if self.stopping():
+                break
+            log.info("gc.schedule.resuming", run_id=str(run_id))
+            self.work(run_id)
+            resumed.append(run_id)
+        return resumed
+
+    def sweep_next(self) -> bool:
+        """Serve the oldest on-demand sweep request; False when the queue is empty."""
+        claim = sweeps.claim_sweep(
+            self.engine, worker=WORKER_ID, lease_seconds=self.settings.run.lease_seconds
+        )
+        if claim is None:
+            return False
+        structlog.contextvars.bind_contextvars(sweep_id=claim.id, user_id=claim.user_id)
+        try:
+            self._serve_sweep(claim)
+        finally:
+            structlog.contextvars.unbind_contextvars("sweep_id", "user_id")
+        return True
+
+    def upkeep(self) -> None:
+        """The interval job: apply due plans, resume orphaned runs."""
+        self.attempt(self.apply_due_plans)
+        self.attempt(self.resume_orphans)
+
+    def run_once(self) -> int:
+        """Everything due now, in order, then return (``schedule --once-due``); failures count."""
+        before = self.failures
+        for unit in (self.resume_orphans, self.nightly, self.apply_due_plans):
+            self.attempt(unit)
+        while not self.stopping() and self.attempt(self.sweep_next):
+            pass
+        return self.failures - before
+
+    # -- the daemon ----------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run until ``request_stop``: scheduler threads plus the sweep loop in this thread."""
+        background = build_scheduler(self)
+        background.start()
+        listener = sweeps.SweepListener(listen_dsn(self.engine), self._wake_r)
+        log.info("gc.daemon.started", worker=WORKER_ID, cron=self.settings.schedule.cron)
+        try:
+            while not self.stopping():
+                self.last_loop = time.monotonic()
+                while not self.stopping() and self.attempt(self.sweep_next):
+                    self.last_loop = time.monotonic()
+                self.attempt(self._poll_queue_gauge)
+                listener.wait(self.settings.schedule.poll_seconds)
+        finally:
+            background.shutdown(wait=True)
+            listener.close()
+            log.info("gc.daemon.stopped", worker=WORKER_ID)
+
+    def work(self, run_id: UUID) -> bool:
+        """Take part in a run until it has no pending batch (or we stop); True if completed."""
+        with self._participating(run_id):
+            with self.engine.connect() as conn:
+                run = load_run(conn, run_id)
+            if run["status"] != "running":
+                return run["status"] == "completed"
+            llm = self._llm_factory()
+            try:
+                done = process_run(
+                    self.engine, run_id, settings_of(run), llm=llm, should_stop=self.stopping,
+                    on_batch=lambda _: self.metrics.batches_committed(
+                        self.engine, run_id, run["trigger"]),
+                )  # fmt: skip
+            except Exception:
+                self.metrics.run_finished(self.engine, run_id)
+                raise
+            finally:
+                self._close_llm(llm)
+        if done:
+            self.metrics.run_finished(self.engine, run_id)
+        return done
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _serve_sweep(self, claim: sweeps.SweepClaim) -> None:
+        if claim.attempts > sweeps.MAX_ATTEMPTS:
+            self._sweep_failed(claim.id, f"gave up after {sweeps.MAX_ATTEMPTS} attempts")
+            return
+        try:
+            run_id = self._sweep_run(claim)
+            done = self.work(run_id)
+        except NotFoundError as exc:
+            self._sweep_failed(claim.id, str(exc))
+            return
+        except Exception as exc:
+            self._sweep_failed(claim.id, f"{type(exc).__name__}: {exc}")
+            raise
+        with self.engine.connect() as conn:
+            status = load_run(conn, run_id)["status"]
+        if done or status == "completed":
+            sweeps.finish_sweep(self.engine, claim.id)
+            self.metrics.sweeps.labels("done").inc()
+        elif self.stopping():
+            sweeps.release_sweep(self.engine, claim.id, worker=WORKER_ID)
+        # else: the daemon that first claimed it is still working its run and will close it
+
+    def _sweep_run(self, claim: sweeps.SweepClaim) -> UUID:
+        if claim.run_id is not None:
+            with self.engine.connect() as conn:
+                if load_run(conn, claim.run_id)["status"] in ("running", "completed"):
+                    return claim.run_id
+        request = RunRequest(
+            mode="dry_run" if claim.dry_run else "apply", now=self.clock(),
+            users=(claim.user_id,), jobs=resolve_jobs([], self.settings), trigger=SWEEP_TRIGGER,
+        )  # fmt: skip
+        run_id = start_run(self.engine, self.settings, request)
+        sweeps.attach_run(self.engine, claim.id, run_id)
+        return run_id
+
+    def _sweep_failed(self, request_id: int, error: str) -> None:
+        sweeps.finish_sweep(self.engine, request_id, error=error)
+        self.metrics.sweeps.labels("failed").inc()
+
+    def _orphaned_runs(self) -> list[UUID]:
+        with self.engine.connect() as conn:
+            candidates = list(
+                conn.execute(q("running_runs"), {"triggers": list(RESUMABLE)}).scalars()
+            )
+            orphans = []
+            for run_id in candidates:
+                if conn.execute(q("try_run_exclusive"), {"run_id": run_id}).scalar():
+                    conn.execute(q("unlock_run_exclusive"), {"run_id": run_id})
+                    orphans.append(run_id)
+            conn.commit()
+        return orphans
+
+    @contextlib.contextmanager
+    def _participating(self, run_id: UUID) -> Iterator[None]:
+        """Hold the run's shared advisory lock on a connection of our own while we work it."""
+        conn = self.engine.connect()
+        try:
+            conn.execute(q("lock_run_shared"), {"run_id": run_id})
+            conn.commit()
+            yield
+        finally:
+            try:
+                conn.execute(q("unlock_run_shared"), {"run_id": run_id})
+                conn.commit()
+            except Exception:
+                conn.invalidate()  # closing the session releases the lock
+            conn.close()
+
+    def _poll_queue_gauge(self) -> None:
+        self.metrics.sweep_queue.set(sweeps.pending_count(self.engine))
+
+    def attempt(self, unit: Callable[[], Any]) -> Any:
+        """Run one unit; a failure is logged and counted, and the daemon carries on."""
+        try:
+            return unit()
+        except Exception as exc:
+            self.failures += 1
+            log.error(
+                "gc.daemon.unit_failed", unit=unit.__name__, error=f"{type(exc).__name__}: {exc}"
+            )
+            return None
+
+    def _close_llm(self, llm: Any) -> None:
+        if llm is not None:
+            self.metrics.llm_used(llm.usage())
+            llm.close()
+
+
+def build_scheduler(daemon: Daemon) -> BackgroundScheduler:
+    """The APScheduler 3 scheduler of a daemon (not started)."""
+    background = BackgroundScheduler(timezone=daemon.settings.schedule.timezone)
+    background.add_job(
+        daemon.attempt, daemon.trigger, args=[daemon.nightly], id="nightly", name="nightly",
+        coalesce=True, max_instances=1,
+        misfire_grace_time=daemon.settings.schedule.misfire_grace_seconds,
+        next_run_time=datetime.now(UTC),  # catch up a slot missed within the grace
+    )  # fmt: skip
+    background.add_job(
+        daemon.attempt, "interval", args=[daemon.upkeep], seconds=UPKEEP_SECONDS,
+        id="upkeep", name="upkeep", coalesce=True, max_instances=1, next_run_time=datetime.now(UTC),
+    )  # fmt: skip
+    return background
+
+
+def listen_dsn(engine: Engine) -> str:
+    """A libpq connection string for the LISTEN connection (same server as the engine)."""
+    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)

@@ -1,0 +1,225 @@
+"""Erasure requests and what an applied erasure does besides changing status (jobs.erasure).
+
+- ``file_request``: record a forget-user / forget-memory request (validated: an unknown user or
+  memory raises NotFoundError and changes nothing; a pending request for the same target is
+  returned as is, ``purge_now`` is only ever raised).
+- ``finish_batch`` (the job's ``after_apply``, in the batch's transaction, never on a dry run):
+  reactivate the rows erased derived records had absorbed, write tombstones (ids and content
+  hashes), scrub the worker's tables of the erased memories, complete the requests whose targets
+  are all erased.
+- ``scrub``: audit and plans (``gc_actions``: content preview gone, details cut to ids and codes,
+  prior to status fields), cached LLM decisions and review items naming an erased memory.
+- ``forget``: file a request and, with ``purge_now``, carry it out at once as one run (mode apply,
+  trigger ``erasure``) whose single batch soft-deletes, purges and scrubs in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import structlog
+from sqlalchemy.engine import Connection, Engine
+
+from gc_worker.actions import ERASURE_REASONS, Action, Kind
+from gc_worker.batch import BatchContext
+from gc_worker.config import Settings
+from gc_worker.db import transaction
+from gc_worker.errors import NotFoundError, RunFailed, UsageError
+from gc_worker.execute import PRIOR_FIELDS
+from gc_worker.queries import q
+
+log = structlog.get_logger("memory_gc")
+
+JOB = "erasure"
+
+# Details an erased memory's audit rows keep: ids, codes, instants and numbers, never text.
+KEEP_DETAILS = (
+    "into", "sources", "memory_ids", "superseded_by", "group", "request_ids", "derived_from",
+    "same_content_as", "reactivated_from", "matched", "status", "status_reason", "importance",
+    "close_valid_until", "expires_at", "undid", "run", "over_cap_by",
+)  # fmt: skip
+EMPTY_RESULT = {"erased": 0, "reactivated": 0, "purged": 0}
+
+
+@dataclass(frozen=True)
+class FiledRequest:
+    id: UUID
+    kind: str
+    user_id: str
+    memory_id: UUID | None
+    status: str
+    purge_now: bool
+    requested_at: datetime
+    created: bool  # False: a pending request for the same target already existed
+
+
+# ---------------------------------------------------------------------------------------------
+# Filing requests
+# ---------------------------------------------------------------------------------------------
+
+
+def file_request(
+    conn: Connection,
+    *,
+    user_id: str | None = None,
+    memory_id: UUID | None = None,
+    purge_now: bool = False,
+    requested_by: str = "cli",
+) -> FiledRequest:
+    """File a request to forget a user (``user_id``) or one memory (``memory_id``)."""
+    if (user_id is None) == (memory_id is None):
+        raise UsageError("an erasure request names either a user or a memory")
+    if memory_id is not None:
+        owner = conn.execute(q("erasure_memory_owner"), {"memory_id": memory_id}).first()
+        if owner is None:
+            raise NotFoundError(f"no memory with id {memory_id}; nothing was changed")
+        kind, user_id = "memory", owner.user_id
+    else:
+        known = conn.execute(q("known_users"), {"users": [user_id]}).first()
+        if known is None:
+            raise NotFoundError(
+                f"no memories for user {user_id!r}; check the id (nothing was changed)"
+            )
+        kind = "user"
+    params = {"kind": kind, "user_id": user_id, "memory_id": memory_id,
+              "purge_now": purge_now, "requested_by": requested_by}  # fmt: skip
+    row = conn.execute(q("erasure_file_request"), params).mappings().one()
+    return FiledRequest(**row)
+
+
+def get_request(conn: Connection, request_id: UUID) -> dict[str, Any]:
+    row = conn.execute(q("erasure_get_request"), {"id": request_id}).mappings().first()
+    if row is None:
+        raise NotFoundError(f"no erasure request with id {request_id}")
+    return dict(row)
+
+
+def forget(
+    engine: Engine,
+    settings: Settings,
+    *,
+    now: datetime,
+    user_id: str | None = None,
+    memory_id: UUID | None = None,
+    purge_now: bool = False,
+) -> tuple[FiledRequest, UUID | None]:
+    """File the request; with ``purge_now`` also carry it out now. Returns (request, run id)."""
+    from gc_worker import engine as gc_engine
+
+    with transaction(engine) as conn:
+        request = file_request(conn, user_id=user_id, memory_id=memory_id, purge_now=purge_now)
+    if not purge_now:
+        return request, None
+    run = gc_engine.RunRequest(
+        mode="apply", now=now, users=(request.user_id,), jobs=(JOB,), trigger="erasure"
+    )
+    return request, gc_engine.run_once(engine, settings, run)
+
+
+# ---------------------------------------------------------------------------------------------
+# After an applied batch
+# ---------------------------------------------------------------------------------------------
+
+
+def finish_batch(ctx: BatchContext, applied: Sequence[Action], *, run_id: UUID) -> list[UUID]:
+    """Everything an applied erasure does besides statuses; returns the completed request ids."""
+    mine = [a for a in applied if a.job == JOB]
+    _reactivate(ctx.conn, [a for a in mine if a.action is Kind.RESTORE], now=ctx.now)
+    _write_tombstones(ctx.conn, [a for a in mine if a.action is Kind.SOFT_DELETE])
+    erased = {a.memory_id for a in applied if _erases(a)}
+    completed = _complete(ctx, mine, run_id)
+    erased |= {row.memory_id for row in completed if row.memory_id is not None}
+    scrub(ctx.conn, sorted(erased, key=str), users=ctx.users)
+    if completed:
+        log.info("erasure.requests_completed", requests=len(completed), erased=len(erased))
+    return [row.id for row in completed]
+
+
+def _erases(action: Action) -> bool:
+    """Soft deletes by this job, and purges of erased rows by any job (hard_delete included)."""
+    if action.memory_id is None:
+        return False
+    if action.job == JOB and action.action in (Kind.SOFT_DELETE, Kind.HARD_DELETE):
+        return True
+    return (
+        action.action is Kind.HARD_DELETE and action.details.get("status_reason") in ERASURE_REASONS
+    )
+
+
+def _reactivate(conn: Connection, actions: list[Action], *, now: datetime) -> None:
+    if not actions:
+        return
+    ids = [a.memory_id for a in actions]
+    touched = conn.execute(q("erasure_reactivate"), {"ids": ids, "now": now}).all()
+    if len(touched) != len(ids):
+        raise RunFailed(
+            f"erasure_reactivate touched {len(touched)} rows where {len(ids)} were planned "
+            "and locked; the batch was rolled back"
+        )
+
+
+def _write_tombstones(conn: Connection, deletes: list[Action]) -> None:
+    if not deletes:
+        return
+    requests = [a.details.get("request_ids") or [None] for a in deletes]
+    params = {
+        "owners": [a.user_id for a in deletes],
+        "ids": [a.memory_id for a in deletes],
+        "hashes": [a.details["content_hash"] for a in deletes],
+        "previews": [a.details["preview_hash"] for a in deletes],
+        "requests": [ids[0] for ids in requests],
+        "reasons": [a.reason for a in deletes],
+    }
+    conn.execute(q("erasure_insert_tombstones"), params)
+
+
+def _complete(ctx: BatchContext, mine: list[Action], run_id: UUID) -> list[Any]:
+    params = {
+        "users": ctx.users,
+        "now": ctx.now,
+        "run_id": run_id,
+        "erasure_reasons": list(ERASURE_REASONS),
+        "results": json.dumps(request_results(mine)),
+        "empty_result": json.dumps(EMPTY_RESULT),
+    }
+    return ctx.conn.execute(q("erasure_complete_requests"), params).all()
+
+
+def request_results(actions: Sequence[Action]) -> dict[str, dict[str, int]]:
+    """Per request id: how many rows this batch erased, reactivated and purged for it."""
+    key = {Kind.SOFT_DELETE: "erased", Kind.RESTORE: "reactivated", Kind.HARD_DELETE: "purged"}
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for action in actions:
+        for request_id in action.details.get("request_ids", ()):
+            counts[request_id][key[action.action]] += 1
+    return {rid: {**EMPTY_RESULT, **c} for rid, c in counts.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Scrubbing
+# ---------------------------------------------------------------------------------------------
+
+
+def scrub(conn: Connection, memory_ids: Sequence[UUID], *, users: Sequence[str]) -> dict[str, int]:
+    """Remove erased memories' content from every table the worker owns; counts per table."""
+    if not memory_ids:
+        return {}
+    ids = list(memory_ids)
+    params = {
+        "ids": ids,
+        "id_texts": [str(m) for m in ids],
+        "owners": list(users),
+        "keep_details": list(KEEP_DETAILS),
+        "keep_prior": list(PRIOR_FIELDS),
+    }
+    return {
+        "gc_actions": len(conn.execute(q("erasure_scrub_actions"), params).all()),
+        "gc_llm_cache": len(conn.execute(q("erasure_drop_llm_cache"), {"ids": ids}).all()),
+        "gc_review_items": len(conn.execute(q("erasure_drop_reviews"), {"ids": ids}).all()),
+    }

@@ -1,0 +1,158 @@
+"""The nightly schedule: cron trigger, the slot that is due, one run per slot across replicas.
+
+Options (``[schedule]``):
+    cron = "0 3 * * *"            standard five-field crontab (0 or 7 = Sunday), in ``timezone``
+    timezone = "UTC"
+    misfire_grace_seconds = 3600  a slot missed by at most this (deploy, restart) still runs once
+    mode = "plan_and_apply"       or "plan_then_apply": the nightly run is a dry run, applied
+                                  ``apply_delay_minutes`` after it completed unless rejected
+    apply_delay_minutes = 60
+
+A slot is one fire time of the cron, named ``nightly:<fire time in UTC, ISO 8601>``. The run of
+a slot has ``gc_runs.slot`` set (unique): the replica whose insert takes the slot starts the
+run, the others find it and join it (batches are shared, see gc_worker.engine). The run's
+``now`` is the fire time, so every replica, and a late start within the grace, plans the same.
+Decisions here take the clock as a parameter; gc_worker.daemon supplies it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+import sqlalchemy as sa
+import structlog
+from apscheduler.triggers.cron import CronTrigger
+from sqlalchemy.engine import Engine
+
+from gc_worker.config import ScheduleSettings, Settings
+from gc_worker.db import transaction
+from gc_worker.engine import RunRequest, load_run, resolve_jobs, start_apply, start_run
+from gc_worker.errors import ConfigError, UsageError
+from gc_worker.queries import q
+
+log = structlog.get_logger("memory_gc")
+
+SLOT_PREFIX = "nightly"
+NIGHTLY_TRIGGER = "nightly"
+APPLY_TRIGGER = "nightly_apply"
+_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+_NUMERIC_DOW = re.compile(r"^(\*|\d+)(?:-(\d+))?(?:/(\d+))?$")
+
+
+def nightly_trigger(schedule: ScheduleSettings) -> CronTrigger:
+    """The cron trigger of ``schedule`` (crontab weekday numbers, 0 = Sunday)."""
+    fields = schedule.cron.split()
+    if len(fields) != 5:
+        raise ConfigError(
+            f"schedule.cron = {schedule.cron!r} must have five fields "
+            '(minute hour day month weekday), e.g. "0 3 * * *"'
+        )
+    minute, hour, day, month, weekday = fields
+    try:
+        return CronTrigger(
+            minute=minute, hour=hour, day=day, month=month,
+            day_of_week=crontab_weekdays(weekday), timezone=schedule.timezone,
+        )  # fmt: skip
+    except (ValueError, LookupError) as exc:
+        raise ConfigError(
+            f"schedule.cron = {schedule.cron!r} / schedule.timezone = {schedule.timezone!r} "
+            f'is not valid: {exc}; use e.g. cron = "0 3 * * *", timezone = "UTC"'
+        ) from None
+
+
+def crontab_weekdays(field: str) -> str:
+    """A crontab weekday field in APScheduler's terms (its 3.x numbers start at Monday)."""
+    if field == "*":
+        return field
+    parts = []
+    for part in field.split(","):
+        match = _NUMERIC_DOW.match(part)
+        if match is None:  # names (mon-fri) mean the same in both
+            parts.append(part)
+            continue
+        start, end, step = match.groups()
+        first, last = (0, 6) if start == "*" else (int(start), int(end or start))
+        if start != "*" and end is None and step is not None:
+            last = 6
+        if not (0 <= first <= 7 and 0 <= last <= 7 and first <= last):
+            raise ConfigError(f"schedule.cron weekday {part!r} is out of range 0-7 (0, 7 = Sunday)")
+        parts += [_WEEKDAYS[d % 7] for d in range(first, last + 1, int(step or 1))]
+    return ",".join(dict.fromkeys(parts))
+
+
+def due_slot(trigger: CronTrigger, now: datetime, grace_seconds: float) -> datetime | None:
+    """The latest fire time in ``[now - grace, now]``, or None: missed earlier ones coalesce."""
+    fire = trigger.get_next_fire_time(None, now - timedelta(seconds=grace_seconds))
+    latest = None
+    while fire is not None and fire <= now:
+        latest = fire
+        fire = trigger.get_next_fire_time(fire, fire + timedelta(seconds=1))
+    return latest
+
+
+def slot_key(fire_time: datetime) -> str:
+    return f"{SLOT_PREFIX}:{fire_time.astimezone(UTC).isoformat()}"
+
+
+def run_of_slot(engine: Engine, slot: str) -> UUID | None:
+    with engine.connect() as conn:
+        row = conn.execute(q("run_by_slot"), {"slot": slot}).first()
+    return None if row is None else row.id
+
+
+def nightly_run(engine: Engine, settings: Settings, fire_time: datetime) -> tuple[UUID, bool]:
+    """The run of the slot at ``fire_time``: (run id, True if this call started it)."""
+    slot = slot_key(fire_time)
+    existing = run_of_slot(engine, slot)
+    if existing is not None:
+        return existing, False
+    request = RunRequest(
+        mode="dry_run" if settings.schedule.mode == "plan_then_apply" else "apply",
+        now=fire_time.astimezone(UTC),
+        jobs=resolve_jobs([], settings),
+        trigger=NIGHTLY_TRIGGER,
+    )
+    try:
+        run_id = start_run(engine, settings, request, slot=slot)
+    except sa.exc.IntegrityError:  # another replica took the slot while we listed users
+        found = run_of_slot(engine, slot)
+        if found is None:
+            raise
+        return found, False
+    log.info("gc.schedule.slot_started", slot=slot, run_id=str(run_id))
+    return run_id, True
+
+
+def due_plans(engine: Engine, now: datetime, delay_minutes: float) -> list[UUID]:
+    """Nightly plans whose review delay has passed and that were neither applied nor rejected."""
+    with engine.connect() as conn:
+        cutoff = now - timedelta(minutes=delay_minutes)
+        return list(conn.execute(q("due_plans"), {"cutoff": cutoff}).scalars())
+
+
+def apply_run_of(engine: Engine, plan_run_id: UUID) -> UUID | None:
+    """Start the apply run of a due plan, or the one another replica started (None: rejected)."""
+    try:
+        return start_apply(engine, plan_run_id, trigger=APPLY_TRIGGER)
+    except UsageError:
+        with engine.connect() as conn:
+            return load_run(conn, plan_run_id)["applied_by"]
+
+
+def reject_plan(engine: Engine, run_id: UUID, *, who: str = "cli") -> None:
+    """Mark a completed, unapplied dry run rejected; it will never be applied."""
+    with transaction(engine) as conn:
+        if conn.execute(q("reject_plan"), {"run_id": run_id, "who": who}).first() is not None:
+            log.info("gc.schedule.plan_rejected", run_id=str(run_id), by=who)
+            return
+        run = load_run(conn, run_id)
+    if run["mode"] != "dry_run":
+        raise UsageError(f"run {run_id} is not a dry run; only a plan can be rejected")
+    if run["applied_by"] is not None:
+        raise UsageError(
+            f"run {run_id} was already applied by run {run['applied_by']}; "
+            f"undo it with `memory-gc restore --run {run['applied_by']}`"
+        )
+    raise UsageError(f"run {run_id} is {run['status']}; only a completed plan can be rejected")

@@ -1,0 +1,155 @@
+-- erasure_scope --
+-- Users of the batch the erasure job must read: a pending request, or a tombstone to enforce.
+SELECT user_id FROM gc_erasure_requests WHERE status = 'pending' AND user_id = ANY(:users)
+UNION
+SELECT DISTINCT user_id FROM gc_erasure_tombstones WHERE user_id = ANY(:users)
+
+-- erasure_requests --
+-- Pending erasure requests of the users in scope, oldest first.
+SELECT id, kind, user_id, memory_id, purge_now
+FROM gc_erasure_requests
+WHERE status = 'pending' AND user_id = ANY(:scope)
+ORDER BY requested_at, id
+
+-- erasure_rows --
+-- Every memory of the users in scope, with its content (hashed in memory, never kept).
+SELECT id, user_id, xmin::text::bigint AS row_version, status, status_reason, superseded_by,
+       content
+FROM memories
+WHERE user_id = ANY(:scope) AND NOT (id = ANY(:taken))
+ORDER BY user_id, id
+
+-- erasure_lineage --
+-- Lineage edges (derived_id, source_id) whose source belongs to a user in scope.
+SELECT l.derived_id, l.source_id
+FROM memory_lineage l JOIN memories m ON m.id = l.source_id
+WHERE m.user_id = ANY(:scope)
+
+-- erasure_tombstones --
+-- Tombstones of the users in scope: (user_id, memory_id, content_hash).
+SELECT user_id, memory_id, content_hash FROM gc_erasure_tombstones WHERE user_id = ANY(:scope)
+
+-- erasure_reactivate --
+-- Put back on the read path the rows an erased derived record had absorbed.
+UPDATE memories
+SET status = 'active', status_reason = 'erasure_reactivated', status_changed_at = :now,
+    superseded_by = NULL, deleted_at = NULL
+WHERE id = ANY(:ids) AND status <> 'active'
+RETURNING id
+
+-- erasure_insert_tombstones --
+-- Remember what was erased: ids and content hashes, never content.
+INSERT INTO gc_erasure_tombstones (user_id, memory_id, content_hash, preview_hash, request_id,
+                                   reason)
+SELECT * FROM unnest(CAST(:owners AS text[]), CAST(:ids AS uuid[]), CAST(:hashes AS text[]),
+                     CAST(:previews AS text[]), CAST(:requests AS uuid[]),
+                     CAST(:reasons AS text[]))
+ON CONFLICT DO NOTHING
+
+-- erasure_scrub_actions --
+-- Strip content from the audit and plans of erased memories; ids, action and reason stay.
+UPDATE gc_actions a
+SET content_preview = CASE WHEN a.memory_id = ANY(:ids) THEN NULL ELSE a.content_preview END,
+    details = coalesce((SELECT jsonb_object_agg(d.key, d.value)
+                        FROM jsonb_each(CASE WHEN jsonb_typeof(a.details) = 'object'
+                                             THEN a.details END) AS d
+                        WHERE d.key = ANY(:keep_details)), CAST('{}' AS jsonb))
+              || jsonb_build_object('scrubbed', true),
+    prior = CASE WHEN jsonb_typeof(a.prior) = 'object'
+                 THEN (SELECT jsonb_object_agg(p.key, p.value) FROM jsonb_each(a.prior) AS p
+                       WHERE p.key = ANY(:keep_prior))
+            END
+WHERE a.user_id = ANY(:owners)
+  AND (a.memory_id = ANY(:ids)
+       OR EXISTS (SELECT 1 FROM unnest(CAST(:id_texts AS text[])) AS i(t)
+                  WHERE strpos(CAST(a.details AS text), i.t) > 0))
+RETURNING a.id
+
+-- erasure_drop_llm_cache --
+-- Forget cached LLM decisions taken on erased memories.
+DELETE FROM gc_llm_cache WHERE memory_ids && CAST(:ids AS uuid[]) RETURNING key
+
+-- erasure_drop_reviews --
+-- Drop review items that name an erased memory (the question is moot, the content must go).
+DELETE FROM gc_review_items WHERE memory_ids && CAST(:ids AS uuid[]) RETURNING id
+
+-- erasure_complete_requests --
+-- Complete the batch's pending requests none of whose targets (or their derived records) is
+-- still unerased; targets that drifted keep their request pending for the next run.
+WITH RECURSIVE pending AS (
+    SELECT id, kind, user_id, memory_id FROM gc_erasure_requests
+    WHERE status = 'pending' AND user_id = ANY(:users)
+), reach (request_id, memory_id) AS (
+    SELECT p.id, m.id
+    FROM pending p JOIN memories m
+      ON m.user_id = p.user_id AND (p.kind = 'user' OR m.id = p.memory_id)
+    UNION
+    SELECT r.request_id, l.derived_id
+    FROM reach r JOIN memory_lineage l ON l.source_id = r.memory_id
+), still_open AS (
+    SELECT DISTINCT r.request_id
+    FROM reach r JOIN memories m ON m.id = r.memory_id
+    WHERE NOT (m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons))
+)
+UPDATE gc_erasure_requests q
+SET status = 'completed', completed_at = :now, run_id = :run_id,
+    result = q.result || coalesce(CAST(:results AS jsonb) -> CAST(q.id AS text),
+                                  CAST(:empty_result AS jsonb))
+FROM pending p
+WHERE q.id = p.id AND NOT EXISTS (SELECT 1 FROM still_open o WHERE o.request_id = p.id)
+RETURNING q.id, q.kind, q.user_id, q.memory_id
+
+-- erasure_file_request --
+-- File an erasure request; a pending one for the same target is returned (purge_now sticks).
+INSERT INTO gc_erasure_requests (kind, user_id, memory_id, purge_now, requested_by)
+VALUES (:kind, :user_id, :memory_id, :purge_now, :requested_by)
+ON CONFLICT (kind, user_id, coalesce(memory_id, '00000000-0000-0000-0000-000000000000'))
+    WHERE status = 'pending'
+DO UPDATE SET purge_now = gc_erasure_requests.purge_now OR EXCLUDED.purge_now
+RETURNING id, kind, user_id, memory_id, status, purge_now, requested_at, (xmax = 0) AS created
+
+-- erasure_memory_owner --
+-- The owner and state of one memory.
+SELECT user_id, status, status_reason FROM memories WHERE id = :memory_id
+
+-- erasure_get_request --
+-- One erasure request.
+SELECT * FROM gc_erasure_requests WHERE id = :id
+
+-- erasure_requests_for --
+-- Erasure requests of a user, or naming a memory (directly or through a tombstone), oldest first.
+SELECT * FROM gc_erasure_requests r
+WHERE (CAST(:user_id AS text) IS NOT NULL AND r.user_id = :user_id)
+   OR (CAST(:memory_id AS uuid) IS NOT NULL
+       AND (r.memory_id = :memory_id
+            OR r.id IN (SELECT t.request_id FROM gc_erasure_tombstones t
+                        WHERE t.memory_id = :memory_id)))
+ORDER BY r.requested_at, r.id
+
+-- erasure_tombstones_for --
+-- Tombstones a verification checks: a user's, or those of some requests plus one memory's.
+SELECT user_id, memory_id, content_hash, preview_hash FROM gc_erasure_tombstones
+WHERE (CAST(:user_id AS text) IS NOT NULL AND user_id = :user_id)
+   OR request_id = ANY(CAST(:request_ids AS uuid[]))
+   OR memory_id = CAST(:memory_id AS uuid)
+
+-- erasure_record_verification --
+-- Record a verification on the requests it covered; a clean one sets verified_at.
+UPDATE gc_erasure_requests
+SET result = result || jsonb_build_object('verification', CAST(:verification AS jsonb)),
+    verified_at = CASE WHEN CAST(:clean AS boolean) THEN :now ELSE verified_at END
+WHERE id = ANY(CAST(:ids AS uuid[]))
+
+-- erasure_scanned_columns --
+-- Text-like and id-like columns of the tables a verification scans (discovered, so new tables
+-- are covered without code changes).
+SELECT c.table_name, c.column_name, c.data_type, c.udt_name
+FROM information_schema.columns c
+JOIN information_schema.tables t
+  ON t.table_schema = c.table_schema AND t.table_name = c.table_name
+WHERE c.table_schema = current_schema() AND t.table_type = 'BASE TABLE'
+  AND (CAST(:all_tables AS boolean) OR c.table_name IN ('memories', 'memory_lineage')
+       OR c.table_name LIKE 'gc\_%' OR c.table_name LIKE 'memory\_gc\_%')
+  AND (c.data_type IN ('text', 'character varying', 'character', 'json', 'jsonb', 'uuid')
+       OR c.udt_name IN ('_text', '_varchar', '_uuid', '_json', '_jsonb'))
+ORDER BY c.table_name, c.ordinal_position

@@ -1,0 +1,82 @@
+-- compaction_candidates --
+-- Active, unpinned, embedded, open-ended rows compaction may merge, streamed user by user.
+WITH declared AS (
+    SELECT DISTINCT unnest(supersedes) AS id
+    FROM memories
+    WHERE user_id = ANY(:users) AND status IN ('active', 'obsolete') AND cardinality(supersedes) > 0
+)
+SELECT m.id, m.user_id, m.xmin::text::bigint AS row_version, left(m.content, 200) AS preview,
+       m.content, CAST(m.embedding AS real[]) AS embedding, m.memory_type, m.source, m.scope,
+       m.slot, m.importance, m.importance_assessed_at, m.confidence, m.created_at,
+       m.last_accessed_at, m.access_count, m.observed_at, m.valid_from, m.expires_at, m.metadata,
+       memory_gc_trust(m.source, m.metadata) AS trust
+FROM memories m
+WHERE m.user_id = ANY(:users) AND m.status = 'active' AND NOT m.pinned
+  AND m.embedding IS NOT NULL AND m.valid_until IS NULL AND cardinality(m.supersedes) = 0
+  AND (m.expires_at IS NULL OR m.expires_at > :now)
+  AND NOT (m.id = ANY(:taken)) AND NOT (m.id = ANY(:held))
+  AND NOT EXISTS (SELECT 1 FROM declared d WHERE d.id = m.id)
+  AND NOT EXISTS (SELECT 1 FROM gc_review_items r
+                  WHERE r.status = 'open' AND r.memory_ids @> ARRAY[m.id])
+ORDER BY m.user_id, m.id
+
+-- contradiction_candidates --
+-- Active rows of some users with what the contradiction rules read, streamed user by user.
+SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview, content,
+       CAST(embedding AS real[]) AS embedding, slot, supersedes, pinned, source,
+       memory_gc_trust(source, metadata) AS trust, valid_from, valid_until, observed_at,
+       created_at
+FROM memories
+WHERE user_id = ANY(:users) AND status = 'active' AND NOT (id = ANY(:taken))
+ORDER BY user_id, id
+
+-- contradiction_blocked_pairs --
+-- Memory sets a person is looking at (open reviews) or already judged compatible (dismissed).
+SELECT user_id, memory_ids
+FROM gc_review_items
+WHERE user_id = ANY(:users) AND kind = 'contradiction'
+  AND (status = 'open' OR resolution ->> 'decision' = 'dismiss')
+
+-- review_list --
+-- Review items, newest first, optionally of one user and one status.
+SELECT r.id, r.run_id, r.user_id, r.kind, r.memory_ids, r.reason, r.details, r.status,
+       r.resolution, r.created_at, r.resolved_at
+FROM gc_review_items r
+WHERE (CAST(:user_id AS text) IS NULL OR r.user_id = :user_id)
+  AND (CAST(:status AS text) IS NULL OR r.status = :status)
+ORDER BY r.created_at DESC, r.id DESC
+LIMIT :limit
+
+-- review_lock --
+-- One review item, locked while it is resolved.
+SELECT id, run_id, user_id, kind, memory_ids, reason, details, status, resolution
+FROM gc_review_items
+WHERE id = :id
+FOR UPDATE
+
+-- review_members --
+-- The memories a review item names, with what resolving it needs.
+SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview, status,
+       pinned, valid_from, valid_until, observed_at, created_at
+FROM memories
+WHERE id = ANY(:ids)
+ORDER BY id
+
+-- review_close --
+-- Mark a review item resolved with its decision.
+UPDATE gc_review_items
+SET status = 'resolved', resolution = CAST(:resolution AS jsonb), resolved_at = :now
+WHERE id = :id AND status = 'open'
+RETURNING id
+
+-- review_run_complete --
+-- A review resolution run has no batches; it is complete when its transaction commits.
+UPDATE gc_runs SET status = 'completed', finished_at = clock_timestamp() WHERE id = :run_id
+
+-- read_current --
+-- The read rule (memory_gc_current) for one user, scope and instant, without the embedding.
+SELECT id, user_id, content, memory_type, source, scope, slot, supersedes, importance,
+       confidence, pinned, created_at, observed_at, valid_from, valid_until, expires_at, status,
+       status_reason, superseded_by, metadata
+FROM memory_gc_current(CAST(:user_id AS text), CAST(:scope AS text), CAST(:at AS timestamptz),
+                       CAST(:known_at AS timestamptz))

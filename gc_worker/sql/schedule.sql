@@ -1,0 +1,115 @@
+-- set_run_slot --
+-- Give a new run its unique slot (e.g. nightly:2026-11-30T03:00:00+00:00); a second replica's
+-- attempt waits for the first one's commit, then fails on gc_runs_slot_key.
+UPDATE gc_runs SET slot = :slot WHERE id = :run_id
+
+-- lock_batch_users --
+-- Per-user advisory locks for the batch transaction, taken in one sorted pass (no deadlock
+-- between batches): a user is never in two running batches at once (sweep vs nightly run).
+SELECT count(*)
+FROM (
+    SELECT pg_advisory_xact_lock(4242001, k)
+    FROM (SELECT DISTINCT hashtext(u) AS k FROM unnest(CAST(:users AS text[])) AS u ORDER BY k) s
+) locked
+
+-- run_by_slot --
+-- The run that holds a slot, if any.
+SELECT id, status, mode FROM gc_runs WHERE slot = :slot
+
+-- try_run_exclusive --
+-- True when no worker participates in the run (nobody holds its shared advisory lock).
+SELECT pg_try_advisory_lock(4242002, hashtext(CAST(:run_id AS text)))
+
+-- unlock_run_exclusive --
+-- Release the probe lock of try_run_exclusive.
+SELECT pg_advisory_unlock(4242002, hashtext(CAST(:run_id AS text)))
+
+-- lock_run_shared --
+-- Mark this session as a participant of the run until unlock_run_shared (or disconnect).
+SELECT pg_advisory_lock_shared(4242002, hashtext(CAST(:run_id AS text)))
+
+-- unlock_run_shared --
+-- This session no longer participates in the run.
+SELECT pg_advisory_unlock_shared(4242002, hashtext(CAST(:run_id AS text)))
+
+-- running_runs --
+-- Runs still open for the given triggers, oldest first (candidates for resuming).
+SELECT id FROM gc_runs
+WHERE status = 'running' AND trigger = ANY(CAST(:triggers AS text[]))
+ORDER BY started_at
+
+-- due_plans --
+-- Completed nightly plans (plan_then_apply) not applied nor rejected whose review delay is over.
+SELECT id FROM gc_runs
+WHERE slot IS NOT NULL AND mode = 'dry_run' AND status = 'completed' AND applied_by IS NULL
+  AND finished_at <= :cutoff
+ORDER BY finished_at
+
+-- reject_plan --
+-- Reject a completed dry run that was not applied: it will never be applied.
+UPDATE gc_runs
+SET status = 'rejected', error = coalesce(error, 'rejected by ' || :who)
+WHERE id = :run_id AND mode = 'dry_run' AND status = 'completed' AND applied_by IS NULL
+RETURNING id
+
+-- run_outcome --
+-- A finished run's status, kind and duration, for the metrics.
+SELECT status, mode, trigger, finished_at,
+       extract(epoch FROM (finished_at - started_at)) AS seconds
+FROM gc_runs WHERE id = :run_id
+
+-- batch_action_counts --
+-- Actions of the run's batches this worker committed, except batches already counted.
+SELECT b.batch_no, a.job, a.action, a.outcome, count(a.id) AS n
+FROM gc_run_batches b
+LEFT JOIN gc_actions a ON a.run_id = b.run_id AND a.batch_no = b.batch_no
+WHERE b.run_id = :run_id AND b.state = 'done' AND b.worker = :worker
+  AND NOT (b.batch_no = ANY(CAST(:seen AS integer[])))
+GROUP BY b.batch_no, a.job, a.action, a.outcome
+
+-- insert_sweep_request --
+-- Queue an on-demand single-user sweep (an application may insert the same row itself).
+INSERT INTO gc_sweep_requests (user_id, dry_run, requested_by)
+VALUES (:user_id, :dry_run, :requested_by)
+RETURNING id
+
+-- claim_sweep_request --
+-- Take the oldest pending request, or one whose claim outlived the lease (its daemon died);
+-- a request another daemon is claiming right now is skipped.
+UPDATE gc_sweep_requests r
+SET status = 'running', claimed_at = clock_timestamp(), claimed_by = :worker,
+    attempts = r.attempts + 1
+WHERE r.id = (
+    SELECT id FROM gc_sweep_requests
+    WHERE status = 'pending'
+       OR (status = 'running' AND claimed_at < clock_timestamp() - make_interval(secs => :lease))
+    ORDER BY requested_at, id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING r.id, r.user_id, r.dry_run, r.run_id, r.attempts
+
+-- attach_sweep_run --
+-- Record which run serves a claimed request (a retry joins it instead of starting another).
+UPDATE gc_sweep_requests SET run_id = :run_id WHERE id = :id
+
+-- finish_sweep_request --
+-- Close a request as done or failed.
+UPDATE gc_sweep_requests
+SET status = :status, finished_at = clock_timestamp(), error = :error
+WHERE id = :id AND status = 'running'
+
+-- release_sweep_request --
+-- Hand a request back to the queue (this daemon is stopping); its run, if any, is kept.
+UPDATE gc_sweep_requests
+SET status = 'pending', claimed_at = NULL, claimed_by = NULL,
+    attempts = greatest(attempts - 1, 0)
+WHERE id = :id AND status = 'running' AND claimed_by = :worker
+
+-- get_sweep_request --
+-- One request.
+SELECT * FROM gc_sweep_requests WHERE id = :id
+
+-- pending_sweep_count --
+-- Requests waiting for a daemon.
+SELECT count(*) FROM gc_sweep_requests WHERE status = 'pending'

@@ -1,0 +1,145 @@
+"""On-demand single-user sweeps: the ``gc_sweep_requests`` queue and its wake-up channel.
+
+An application (or ``memory-gc request-sweep USER_ID``) inserts a row::
+
+    INSERT INTO gc_sweep_requests (user_id, dry_run) VALUES ('user-42', false) RETURNING id;
+
+and follows it by ``status``: pending → running → done | failed (``error`` says why, ``run_id``
+names the run, whose report is ``memory-gc report RUN_ID``). A trigger sends
+``NOTIFY memory_gc_sweep``; daemons LISTEN and also poll every ``schedule.poll_seconds``.
+
+A daemon claims the oldest pending request with ``FOR UPDATE SKIP LOCKED``. A claim is a lease of
+``run.lease_seconds``: a request still ``running`` after that (its daemon died) is claimed again
+and the new claimer joins the request's run instead of starting another. A stopping daemon hands
+its request back (``pending``) at once.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import structlog
+from sqlalchemy.engine import Engine
+
+from gc_worker.db import transaction
+from gc_worker.errors import NotFoundError
+from gc_worker.queries import q
+
+log = structlog.get_logger("memory_gc")
+
+CHANNEL = "memory_gc_sweep"
+MAX_ATTEMPTS = 3  # a request whose daemon died this many times is failed, not retried forever
+
+
+@dataclass(frozen=True)
+class SweepClaim:
+    id: int
+    user_id: str
+    dry_run: bool
+    run_id: UUID | None
+    attempts: int
+
+
+def request_sweep(
+    engine: Engine, user_id: str, *, dry_run: bool = False, requested_by: str = "cli"
+) -> int:
+    """Queue a sweep of one user; unknown users are refused (NotFoundError, exit 2)."""
+    with transaction(engine) as conn:
+        if not conn.execute(q("known_users"), {"users": [user_id]}).first():
+            raise NotFoundError(f"no memories for user {user_id!r}; check the id")
+        params = {"user_id": user_id, "dry_run": dry_run, "requested_by": requested_by}
+        request_id = conn.execute(q("insert_sweep_request"), params).scalar_one()
+    log.info("gc.sweep.requested", request_id=request_id, user_id=user_id, dry_run=dry_run)
+    return int(request_id)
+
+
+def claim_sweep(engine: Engine, *, worker: str, lease_seconds: float) -> SweepClaim | None:
+    with transaction(engine) as conn:
+        row = conn.execute(
+            q("claim_sweep_request"), {"worker": worker, "lease": lease_seconds}
+        ).first()
+    return None if row is None else SweepClaim(*row)
+
+
+def attach_run(engine: Engine, request_id: int, run_id: UUID) -> None:
+    with transaction(engine) as conn:
+        conn.execute(q("attach_sweep_run"), {"id": request_id, "run_id": run_id})
+
+
+def finish_sweep(engine: Engine, request_id: int, *, error: str | None = None) -> None:
+    status = "failed" if error else "done"
+    with transaction(engine) as conn:
+        conn.execute(
+            q("finish_sweep_request"), {"id": request_id, "status": status, "error": error}
+        )
+    log.info("gc.sweep.finished", request_id=request_id, status=status, error=error)
+
+
+def release_sweep(engine: Engine, request_id: int, *, worker: str) -> None:
+    with transaction(engine) as conn:
+        conn.execute(q("release_sweep_request"), {"id": request_id, "worker": worker})
+    log.info("gc.sweep.released", request_id=request_id)
+
+
+def get_sweep(engine: Engine, request_id: int) -> dict[str, Any] | None:
+    with engine.connect() as conn:
+        row = conn.execute(q("get_sweep_request"), {"id": request_id}).mappings().first()
+    return None if row is None else dict(row)
+
+
+def pending_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(q("pending_sweep_count")).scalar_one())
+
+
+class SweepListener:
+    """LISTEN on the sweep channel; ``wait`` returns on a notification, a wake-up or timeout.
+
+    ``wake_fd`` is a pipe the daemon writes to when it must stop. Without a working connection
+    (the server restarted) ``wait`` still sleeps the timeout, and reconnects on the next call.
+    """
+
+    def __init__(self, dsn: str, wake_fd: int) -> None:
+        self._dsn, self._wake_fd = dsn, wake_fd
+        self._conn: psycopg.Connection | None = None
+
+    def wait(self, timeout: float) -> bool:
+        """True when a request was announced (the caller polls the queue either way)."""
+        conn = self._connect()
+        fds = [self._wake_fd] + ([conn.fileno()] if conn is not None else [])
+        ready, _, _ = select.select(fds, [], [], timeout)
+        if self._wake_fd in ready:
+            os.read(self._wake_fd, 1024)
+        return conn is not None and conn.fileno() in ready and self._drain(conn)
+
+    def _connect(self) -> psycopg.Connection | None:
+        if self._conn is None or self._conn.closed:
+            self.close()
+            try:
+                self._conn = psycopg.connect(self._dsn, autocommit=True)
+                self._conn.execute(f"LISTEN {CHANNEL}")
+            except psycopg.Error as exc:
+                log.warning("gc.sweep.listen_failed", error=str(exc))
+                self.close()
+        return self._conn
+
+    def _drain(self, conn: psycopg.Connection) -> bool:
+        try:
+            conn.pgconn.consume_input()
+        except psycopg.Error:
+            self.close()
+            return False
+        announced = False
+        while conn.pgconn.notifies() is not None:
+            announced = True
+        return announced
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,230 @@
+"""compaction: per user, groups of near-duplicate memories → one merged record.
+
+Options (``[compaction]``):
+    enabled = true        run the job at all
+    similarity = 0.85     cosine similarity every pair of a group must reach (no chaining)
+    max_group_size = 8    bigger clusters are split: no snowball merges
+    max_merge_depth = 1   a merged record is merged again only while its depth is below this
+                          (records the application wrote have depth 0; 0 and 1 both mean a
+                          merged record is never merged again)
+
+Candidates: active, unpinned rows with an embedding, no ``valid_until`` (bounded facts and
+overrides are the contradiction job's), no declared ``supersedes`` and not the target of one,
+not in an open review (nor in one queued earlier in this batch), not retired earlier in this
+batch. Rows whose embedding is unusable (wrong size, zero, non-finite) are counted in
+``skipped``. Groups never span two users or two slots (jobs.similarity.complete_linkage_groups).
+
+Per group:
+- exact duplicates (same normalised text, no near-miss reason between any two members) merge
+  deterministically, online or offline: the earliest member's text, its embedding copied
+  (reason ``exact_duplicates``);
+- otherwise the LLM is asked once (cached on the exact inputs): one merged statement for the
+  whole group (reason ``near_duplicates``), or "not a duplicate set" → nothing. A rejected
+  answer changes nothing and counts in ``errors``. Offline, over budget or with the LLM down
+  → one ``deferred`` action (reason ``llm_unavailable`` / ``llm_budget``, details.memory_ids,
+  and the near-miss reasons found). Near-miss pairs therefore never merge offline.
+
+Merged texts are embedded in one embeddings call per batch (cached by text, so a re-run makes no
+call); if that fails the record gets the normalised centroid of its members
+(``metadata.embedding_source``). The merged record is described in jobs.compaction_records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gc_worker.actions import Action
+from gc_worker.batch import BatchContext
+from gc_worker.llm import decision_key
+from gc_worker.queries import q
+from jobs.compaction_records import (
+    NAME,
+    centroid_of,
+    earliest,
+    merge_actions,
+    mergeable,
+    merged_record,
+)
+from jobs.llm_support import Deferral, ModelGate, deferred, rows_by_user, with_embeddings
+from jobs.similarity import complete_linkage_groups, near_miss_reasons, normalise_text
+
+__all__ = ["NAME", "exact_duplicates", "find_groups", "plan"]
+
+EXACT = "exact_duplicates"
+NEAR = "near_duplicates"
+EMBED_KIND = "embedding"
+EMBED_VERSION = "embed.v1"
+
+
+@dataclass
+class Merge:
+    """A group the plan will merge, waiting for its embedding."""
+
+    user_id: str
+    members: list[Any]
+    content: str
+    reason: str
+    similarity: float
+    embedding: list[float] | None = None
+    embedding_source: str = "model"
+
+
+def find_groups(
+    rows: Sequence[Any], *, similarity: float, max_group_size: int, max_merge_depth: int, dim: int
+) -> tuple[list[list[Any]], int]:
+    """One user's candidate groups (per slot) and how many rows had an unusable embedding."""
+    eligible = [row for row in rows if mergeable(row, max_merge_depth)]
+    kept, vectors, skipped = with_embeddings(eligible, dim)
+    by_slot: dict[str, list[int]] = defaultdict(list)
+    for index, row in enumerate(kept):
+        by_slot["" if row.slot is None else "=" + row.slot].append(index)
+    by_id = {row.id: row for row in kept}
+    groups = []
+    for slot in sorted(by_slot):
+        indexes = by_slot[slot]
+        found = complete_linkage_groups(
+            [kept[i].id for i in indexes],
+            vectors[indexes],
+            similarity=similarity,
+            max_group_size=max_group_size,
+        )
+        groups += [[by_id[memory_id] for memory_id in group] for group in found]
+    return groups, skipped
+
+
+def near_misses(members: Sequence[Any]) -> list[dict[str, Any]]:
+    """Member pairs that differ in a fact that matters, with the reason codes."""
+    found = []
+    for a, b in itertools.combinations(members, 2):
+        reasons = near_miss_reasons(a.content, b.content)
+        if reasons:
+            found.append({"memory_ids": [str(a.id), str(b.id)], "reasons": reasons})
+    return found
+
+
+def exact_duplicates(members: Sequence[Any]) -> bool:
+    """Same normalised text and no near-miss reason between any two members."""
+    texts = {normalise_text(m.content) for m in members}
+    return len(texts) == 1 and not near_misses(members)
+
+
+def min_similarity(members: Sequence[Any]) -> float:
+    vectors = np.asarray([m.embedding for m in members], dtype=np.float64)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return round(float((unit @ unit.T).min()), 4)
+
+
+def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> Merge | Action | None:
+    """A merge, a deferral, or nothing for one candidate group."""
+    score = min_similarity(members)
+    if exact_duplicates(members):
+        keep = earliest(members)
+        merge = Merge(user_id, members, keep.content, EXACT, score, list(keep.embedding), "copied")
+        return merge
+    answer = gate.ask(
+        lambda llm: llm.merge_group(user_id, [(m.id, m.content) for m in members]),
+        user_id=user_id,
+        size=len(members),
+    )
+    if isinstance(answer, Deferral):
+        details = {"similarity": score, "near_misses": near_misses(members)}
+        return deferred(NAME, user_id, members, answer.reason, **details)
+    if answer is None or not answer.is_duplicate_set:
+        return None
+    return Merge(user_id, members, answer.merged_text, NEAR, score)
+
+
+def embed_merges(ctx: BatchContext, gate: ModelGate, merges: Sequence[Merge]) -> None:
+    """Give every LLM merge an embedding: cached, one embeddings call, or the centroid."""
+    need = [m for m in merges if m.embedding is None]
+    if not need:
+        return
+    keys = {}
+    if not gate.offline:
+        model = gate.llm.options.embedding_model
+        keys = {
+            id(m): decision_key(EMBED_KIND, model, EMBED_VERSION, m.user_id, m.content)
+            for m in need
+        }
+        for merge in need:
+            cached = ctx.conn.execute(q("llm_cache_get"), {"key": keys[id(merge)]}).scalar()
+            if cached is not None:
+                merge.embedding = cached["embedding"]
+                gate.llm.budget.count("cache_hits")
+    missing = [m for m in need if m.embedding is None]
+    vectors = _embed(gate, missing) if missing else None
+    for index, merge in enumerate(missing):
+        if vectors is None:
+            merge.embedding = centroid_of([m.embedding for m in merge.members])
+            merge.embedding_source = "centroid"
+            continue
+        merge.embedding = vectors[index]
+        _cache_embedding(ctx, keys[id(merge)], merge)
+
+
+def _embed(gate: ModelGate, merges: Sequence[Merge]) -> list[list[float]] | None:
+    answer = gate.ask(
+        lambda llm: llm.embed([m.content for m in merges]),
+        user_id=merges[0].user_id,
+        size=len(merges),
+    )
+    return None if answer is None or isinstance(answer, Deferral) else answer
+
+
+def _cache_embedding(ctx: BatchContext, key: str, merge: Merge) -> None:
+    params = {
+        "key": key,
+        "kind": EMBED_KIND,
+        "user_id": merge.user_id,
+        "memory_ids": [str(m.id) for m in merge.members],
+        "value": json.dumps({"embedding": merge.embedding}),
+    }
+    ctx.conn.execute(q("llm_cache_put"), params)
+
+
+def _actions(ctx: BatchContext, outcome: Merge | Action) -> list[Action]:
+    if isinstance(outcome, Action):
+        return [outcome]
+    record = merged_record(
+        outcome.members,
+        content=outcome.content,
+        embedding=outcome.embedding or [],
+        embedding_source=outcome.embedding_source,
+        importance=ctx.importance,
+        assessed_at=ctx.now,
+    )
+    return merge_actions(
+        outcome.user_id,
+        outcome.members,
+        record,
+        reason=outcome.reason,
+        similarity=outcome.similarity,
+    )
+
+
+def plan(ctx: BatchContext) -> list[Action]:
+    settings = ctx.settings.compaction
+    gate = ModelGate(ctx, NAME)
+    outcomes: list[Merge | Action] = []
+    for user_id, rows in rows_by_user(ctx, "compaction_candidates", held=list(ctx.held)):
+        groups, skipped = find_groups(
+            rows,
+            similarity=settings.similarity,
+            max_group_size=settings.max_group_size,
+            max_merge_depth=settings.max_merge_depth,
+            dim=ctx.settings.embeddings.dim,
+        )
+        ctx.job_stats(NAME).skipped += skipped
+        for members in groups:
+            outcome = plan_group(user_id, members, gate)
+            if outcome is not None:
+                outcomes.append(outcome)
+    embed_merges(ctx, gate, [o for o in outcomes if isinstance(o, Merge)])
+    return [action for outcome in outcomes for action in _actions(ctx, outcome)]

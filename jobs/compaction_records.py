@@ -1,0 +1,147 @@
+"""The merged record compaction creates, and the actions that create it (pure functions).
+
+``merged_record(members, ...)`` — the memories columns of one merged record:
+
+    content             the LLM's merged statement, or (exact duplicates) the earliest member's text
+    source              gc_merge; ``metadata.trust_source`` = the most trusted member's source
+    importance          the highest (re-assessed, when importance ran earlier in the batch)
+    created_at, observed_at, valid_from   the earliest (valid_from null if any member's is)
+    last_accessed_at    the latest; access_count the sum
+    expires_at          null if any member has none, else the latest
+    memory_type, scope, slot   shared by all members, else semantic / null / null
+    embedding           the embeddings model's, or the text's own (exact duplicates: copied from
+                        the member whose text is kept), or the normalised centroid of the members;
+                        ``metadata.embedding_source`` says which (model, copied, centroid)
+    metadata            merge_depth (one more than the deepest member), merged_count,
+                        embedding_source, trust_source
+
+``merge_actions`` returns one ``create_merged`` (new uuid4; details.record, details.sources) and a
+``merge`` per member (details.superseded_by / into = the new id), all in one group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+from gc_worker.actions import Action, Kind
+from gc_worker.llm import centroid_embedding
+
+NAME = "compaction"
+MERGED_SOURCE = "gc_merge"
+TRUST_SOURCES = {3: "explicit_user_statement", 2: "model_inference", 1: "external"}
+DEPTH_KEYS = ("merge_depth", "summary_depth")
+
+
+def merge_depth(row: Any) -> int:
+    """0 for a record the application wrote; how many merges deep a worker-made record is."""
+    metadata = row.metadata or {}
+    for key in DEPTH_KEYS:
+        value = metadata.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return 1 if row.source == MERGED_SOURCE or row.memory_type == "summary" else 0
+
+
+def mergeable(row: Any, max_merge_depth: int) -> bool:
+    """Application rows always; merged records only while under ``max_merge_depth``."""
+    depth = merge_depth(row)
+    return depth == 0 or depth < max_merge_depth
+
+
+def earliest(members: Sequence[Any]) -> Any:
+    return min(members, key=lambda m: (m.created_at, str(m.id)))
+
+
+def _shared(values: Sequence[Any], default: Any) -> Any:
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else default
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _latest_or_none(values: Sequence[datetime | None]) -> datetime | None:
+    """None if any value is None (open-ended wins), else the latest."""
+    return None if any(v is None for v in values) else max(values)  # type: ignore[type-var]
+
+
+def merged_record(
+    members: Sequence[Any],
+    *,
+    content: str,
+    embedding: Sequence[float],
+    embedding_source: str,
+    importance: Mapping[UUID, int] | None = None,
+    assessed_at: datetime | None = None,
+) -> dict[str, Any]:
+    """The memories columns of the record that replaces ``members`` (see module docstring)."""
+    importance = importance or {}
+    accessed = [m.last_accessed_at for m in members if m.last_accessed_at is not None]
+    assessed = [m.importance_assessed_at for m in members if m.importance_assessed_at]
+    if assessed_at is not None and any(m.id in importance for m in members):
+        assessed.append(assessed_at)  # scored earlier in this batch: the record is assessed too
+    starts = [m.valid_from for m in members]
+    return {
+        "content": content,
+        "embedding": [float(x) for x in embedding],
+        "memory_type": _shared([m.memory_type for m in members], "semantic"),
+        "source": MERGED_SOURCE,
+        "scope": _shared([m.scope for m in members], None),
+        "slot": _shared([m.slot for m in members], None),
+        "importance": max(importance.get(m.id, m.importance) for m in members),
+        "importance_assessed_at": _iso(max(assessed)) if assessed else None,
+        "confidence": max(float(m.confidence) for m in members),
+        "created_at": _iso(min(m.created_at for m in members)),
+        "observed_at": _iso(min(m.observed_at for m in members)),
+        "valid_from": None if None in starts else _iso(min(starts)),
+        "last_accessed_at": _iso(max(accessed)) if accessed else None,
+        "access_count": sum(int(m.access_count) for m in members),
+        "expires_at": _iso(_latest_or_none([m.expires_at for m in members])),
+        "metadata": {
+            "merge_depth": max(merge_depth(m) for m in members) + 1,
+            "merged_count": len(members),
+            "embedding_source": embedding_source,
+            "trust_source": TRUST_SOURCES.get(max(m.trust for m in members), "external"),
+        },
+    }
+
+
+def centroid_of(vectors: Sequence[Sequence[float]]) -> list[float]:
+    return centroid_embedding([list(map(float, v)) for v in vectors])
+
+
+def merge_actions(
+    user_id: str, members: Sequence[Any], record: Mapping[str, Any], *, reason: str, **details: Any
+) -> list[Action]:
+    """create_merged for the new record, then a merge per member, all in one group."""
+    new_id = uuid4()
+    group = f"{NAME}:{new_id}"
+    create = Action(
+        job=NAME,
+        action=Kind.CREATE_MERGED,
+        user_id=user_id,
+        reason=reason,
+        memory_id=new_id,
+        details={"record": dict(record), "sources": [str(m.id) for m in members], **details},
+        preview=str(record["content"])[:200],
+        group=group,
+    )
+    merges = [
+        Action(
+            job=NAME,
+            action=Kind.MERGE,
+            user_id=user_id,
+            reason=reason,
+            memory_id=m.id,
+            row_version=m.row_version,
+            details={"superseded_by": str(new_id), "into": str(new_id)},
+            preview=m.preview,
+            group=group,
+        )
+        for m in members
+    ]
+    return [create, *merges]

@@ -1,0 +1,183 @@
+"""contradiction: the older of two conflicting memories becomes obsolete, or a person decides.
+
+Options (``[contradiction]``):
+    enabled = true      run the job at all
+    similarity = 0.75   cosine similarity at which two memories are a candidate pair for the LLM
+    max_pairs_per_memory = 3   only each memory's most similar pairs go to the LLM
+
+Per user, over active rows (jobs.contradiction_rules has the rules in full):
+
+1. ``valid_until <= now`` (unpinned) → ``obsolete``, reason ``validity_ended``.
+2. Deterministic pairs: a declared ``supersedes`` (the declarer wins) and rows sharing a
+   ``slot`` (the newest of the most trusted wins). The loser → ``obsolete`` (reason
+   ``superseded`` / ``slot_replaced``) with ``superseded_by`` and its ``valid_until`` closed at
+   the winner's start — unless the winner is a temporary override (has ``valid_until``: it
+   shadows, never obsoletes), has not taken effect yet, is less trusted than the loser, or the
+   loser is pinned: then a ``review`` (kind contradiction, memory_ids [older, newer]) and no
+   change.
+3. Other pairs at or above ``similarity`` (not exact duplicates — compaction's — and not a
+   newer temporary override) go to the LLM, one call per pair (cached on the exact inputs):
+   ``contradicts`` → as in 2 (reason ``contradicted``); ``duplicate`` / ``compatible`` →
+   nothing; ``unsure`` → ``review`` (reason ``llm_unsure``). Offline, over budget or with the
+   LLM down → ``deferred`` (reason ``llm_unavailable`` / ``llm_budget``). A rejected answer
+   changes nothing and counts in ``errors``.
+
+A pair with an open review, or one a person dismissed, is left alone (no new review, no call).
+Every action on a pair carries the group ``contradiction:<older>:<newer>``. Embedded rows whose
+vector is unusable (wrong size, zero, non-finite) are counted in ``skipped``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from gc_worker.actions import Action, Kind
+from gc_worker.batch import BatchContext
+from gc_worker.queries import q
+from jobs.contradiction_rules import (
+    NAME,
+    Pair,
+    decide,
+    declared_pairs,
+    ended,
+    ordered,
+    review,
+    slot_pairs,
+    validity_ended,
+)
+from jobs.llm_support import Deferral, ModelGate, deferred, rows_by_user, with_embeddings
+from jobs.similarity import normalise_text, pairs_above
+
+__all__ = ["NAME", "plan", "plan_contradiction"]
+
+Judge = Callable[[Any, Any], Any]  # (older, newer) -> verdict | Deferral | None
+
+
+class _Plan:
+    """The running state of one user's plan: actions so far and what they settled."""
+
+    def __init__(self, blocked: set[frozenset]) -> None:
+        self.actions: list[Action] = []
+        self.handled: set[frozenset] = set(blocked)
+        self.lost: set[Any] = set()
+
+    def open(self, pair: Pair) -> bool:
+        return pair.key not in self.handled and not ({pair.older.id, pair.newer.id} & self.lost)
+
+    def add(self, pair: Pair, action: Action | None) -> None:
+        self.handled.add(pair.key)
+        if action is None:
+            return
+        self.actions.append(action)
+        if action.action is Kind.OBSOLETE:
+            self.lost.add(action.memory_id)
+
+
+def plan_contradiction(
+    rows: Sequence[Any],
+    *,
+    now: datetime,
+    similarity: float,
+    dim: int,
+    judge: Judge,
+    blocked: set[frozenset] | None = None,
+    max_pairs_per_memory: int | None = None,
+) -> tuple[list[Action], int]:
+    """One user's actions and the number of rows skipped for an unusable embedding."""
+    state = _Plan(blocked or set())
+    finished = validity_ended(rows, now=now)
+    state.actions += [ended(row) for row in finished]
+    live = [r for r in rows if r.valid_until is None or r.valid_until > now]
+    for pair in [*declared_pairs(live), *slot_pairs(live)]:
+        if state.open(pair):
+            state.add(pair, decide(pair, now=now))
+    kept, vectors, skipped = with_embeddings([r for r in live if r.id not in state.lost], dim)
+    by_id = {row.id: row for row in kept}
+    pairs = pairs_above([r.id for r in kept], vectors, similarity=similarity)
+    for a, b, score in nearest_pairs(pairs, max_pairs_per_memory):
+        older, newer = ordered(by_id[a], by_id[b])
+        pair = Pair(older, newer, winner=newer, basis="similar", similarity=score)
+        if state.open(pair) and _worth_asking(pair):
+            state.add(pair, _judged(pair, judge(older, newer), now=now))
+    return state.actions, skipped
+
+
+def nearest_pairs(pairs: Sequence[tuple], limit: int | None) -> list[tuple]:
+    """The most similar pairs (``pairs`` comes most similar first) such that no memory is in
+    more than ``limit`` of them: a cluster of n near-copies costs at most n·limit/2 LLM
+    calls, not n(n−1)/2."""
+    if limit is None:
+        return list(pairs)
+    used: dict[Any, int] = defaultdict(int)
+    kept = []
+    for a, b, score in pairs:
+        if used[a] < limit and used[b] < limit:
+            used[a] += 1
+            used[b] += 1
+            kept.append((a, b, score))
+    return kept
+
+
+def _worth_asking(pair: Pair) -> bool:
+    """Whether the LLM's verdict could change anything for a similarity-only pair."""
+    older, newer = pair.older, pair.newer
+    if newer.valid_until is not None:
+        return False  # a temporary override shadows, it never obsoletes
+    if older.slot is not None and older.slot == newer.slot and older.valid_until is None:
+        return False  # the slot rule owns it
+    return normalise_text(older.content) != normalise_text(newer.content)  # compaction's
+
+
+def _judged(pair: Pair, verdict: Any, *, now: datetime) -> Action | None:
+    if verdict is None:
+        return None
+    if isinstance(verdict, Deferral):
+        members = [pair.older, pair.newer]
+        score = round(pair.similarity or 0.0, 4)
+        return deferred(NAME, pair.older.user_id, members, verdict.reason, similarity=score)
+    if verdict.verdict == "contradicts":
+        return decide(pair, now=now)
+    if verdict.verdict == "unsure":
+        return review(pair, "llm_unsure")
+    return None  # duplicate (compaction's) or compatible
+
+
+def blocked_pairs(ctx: BatchContext) -> dict[str, set[frozenset]]:
+    """Per user, the memory sets of open or dismissed contradiction reviews."""
+    blocked: dict[str, set[frozenset]] = defaultdict(set)
+    for row in ctx.conn.execute(q("contradiction_blocked_pairs"), ctx.params()):
+        blocked[row.user_id].add(frozenset(row.memory_ids))
+    return blocked
+
+
+def plan(ctx: BatchContext) -> list[Action]:
+    gate = ModelGate(ctx, NAME)
+    blocked = blocked_pairs(ctx)
+    settings = ctx.settings
+    actions: list[Action] = []
+    for user_id, rows in rows_by_user(ctx, "contradiction_candidates"):
+
+        def judge(older: Any, newer: Any, user_id: str = user_id) -> Any:
+            return gate.ask(
+                lambda llm: llm.judge_contradiction(
+                    user_id, (older.id, older.content), (newer.id, newer.content)
+                ),
+                user_id=user_id,
+                size=2,
+            )
+
+        user_actions, skipped = plan_contradiction(
+            rows,
+            now=ctx.now,
+            similarity=settings.contradiction.similarity,
+            dim=settings.embeddings.dim,
+            judge=judge,
+            blocked=blocked.get(user_id),
+            max_pairs_per_memory=settings.contradiction.max_pairs_per_memory,
+        )
+        actions += user_actions
+        ctx.job_stats(NAME).skipped += skipped
+    return actions

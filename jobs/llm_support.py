@@ -1,0 +1,125 @@
+"""What the two LLM-backed jobs (contradiction, compaction) share.
+
+- ``ModelGate``: one job's access to the LLM port during one batch. A decision comes back as
+  the port's result, as a ``Deferral`` (offline → ``llm_unavailable``; budget spent →
+  ``llm_budget``; no answer after the retries → ``llm_unavailable``, counted in the job's
+  ``errors``, and every later question of the batch is deferred without a call), or as
+  ``None`` (the answer was rejected by the port's checks: counted in ``errors``, logged as
+  ``<job>.answer_rejected``, nothing changes).
+- ``deferred(...)``: the ``deferred`` action listing a candidate group's member ids.
+- ``rows_by_user(ctx, query, **binds)``: a candidate query streamed from the server and cut
+  into one list per user, so one user's rows at a time are in memory.
+- ``embedding_of(row, dim)``: the row's embedding as a vector, or why it cannot be used.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import structlog
+
+from gc_worker.actions import Action, Kind
+from gc_worker.batch import BatchContext
+from gc_worker.llm import LLMBudgetExhausted, LLMInvalidAnswer, LLMUnavailable
+from gc_worker.queries import q
+
+log = structlog.get_logger("memory_gc")
+
+LLM_UNAVAILABLE = "llm_unavailable"
+LLM_BUDGET = "llm_budget"
+STREAM_ROWS = 500  # rows fetched per round trip while streaming candidates
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """The LLM could not be asked; the candidate group waits for a later run."""
+
+    reason: str
+
+
+class ModelGate:
+    """One job's questions to the LLM within one batch."""
+
+    def __init__(self, ctx: BatchContext, job: str) -> None:
+        self.llm = ctx.llm
+        self.job = job
+        self.stats = ctx.job_stats(job)
+        self.down = False
+
+    @property
+    def offline(self) -> bool:
+        return self.llm is None
+
+    def ask(self, question: Callable[[Any], T], *, user_id: str, size: int) -> T | Deferral | None:
+        """``question(llm)``'s answer, a Deferral, or None for a rejected answer."""
+        if self.llm is None or self.down:
+            return Deferral(LLM_UNAVAILABLE)
+        try:
+            return question(self.llm)
+        except LLMBudgetExhausted:
+            return Deferral(LLM_BUDGET)
+        except LLMUnavailable as exc:
+            self.stats.errors += 1
+            self.down = True
+            log.error(f"{self.job}.llm_unavailable", user_id=user_id, error=str(exc))
+            return Deferral(LLM_UNAVAILABLE)
+        except LLMInvalidAnswer as exc:
+            self.stats.errors += 1
+            log.warning(
+                f"{self.job}.answer_rejected", user_id=user_id, reason=exc.reason, memories=size
+            )
+            return None
+
+
+def deferred(job: str, user_id: str, members: Sequence[Any], reason: str, **details: Any) -> Action:
+    """A ``deferred`` action: the group's member ids, nothing changes."""
+    return Action(
+        job=job,
+        action=Kind.DEFERRED,
+        user_id=user_id,
+        reason=reason,
+        details={"memory_ids": [str(m.id) for m in members], **details},
+        preview=getattr(members[0], "preview", None) if members else None,
+    )
+
+
+def rows_by_user(ctx: BatchContext, query: str, **binds: Any) -> Iterator[tuple[str, list[Any]]]:
+    """(user_id, rows) per user of the batch, from a query ordered by user_id."""
+    statement = q(query).execution_options(yield_per=STREAM_ROWS)
+    result = ctx.conn.execute(statement, ctx.params(**binds))
+    try:
+        for user_id, rows in itertools.groupby(result, key=lambda row: row.user_id):
+            yield user_id, list(rows)
+    finally:
+        result.close()
+
+
+def embedding_of(row: Any, dim: int) -> np.ndarray | None:
+    """The row's embedding, or None if it is missing, of the wrong size, non-finite or zero."""
+    values = row.embedding
+    if values is None or len(values) != dim:
+        return None
+    vector = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(vector).all() or not np.any(vector):
+        return None
+    return vector
+
+
+def with_embeddings(rows: Iterable[Any], dim: int) -> tuple[list[Any], np.ndarray, int]:
+    """Rows with a usable embedding, their vectors, and how many embedded rows were unusable."""
+    kept, vectors, skipped = [], [], 0
+    for row in rows:
+        vector = embedding_of(row, dim)
+        if vector is None:
+            skipped += row.embedding is not None
+            continue
+        kept.append(row)
+        vectors.append(vector)
+    matrix = np.vstack(vectors) if vectors else np.zeros((0, dim))
+    return kept, matrix, skipped

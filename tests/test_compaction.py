@@ -1,0 +1,305 @@
+"""compaction: candidate groups, the merged record, and what happens offline (real database)."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from types import SimpleNamespace
+from uuid import UUID, uuid4
+
+import pytest
+
+from gc_worker import engine as gc_engine
+from gc_worker import render, restore
+from gc_worker.config import CompactionSettings, EmbeddingSettings, Settings
+from gc_worker.report import build_report
+from jobs.compaction import exact_duplicates, find_groups
+from jobs.compaction_records import merge_depth, merged_record
+from tests.conftest import TEST_DIM
+from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
+
+
+def unit(angle: float, axis: int = 1) -> list[float]:
+    """A unit vector at `angle` radians from e0 towards e_axis (cosine to e0 = cos(angle))."""
+    vector = [0.0] * TEST_DIM
+    vector[0], vector[axis] = math.cos(angle), math.sin(angle)
+    return vector
+
+
+def at_similarity(similarity: float, axis: int = 1) -> list[float]:
+    return unit(math.acos(similarity), axis)
+
+
+E0 = unit(0.0)
+NEAR_MISSES = [
+    ("English level is B1", "English level is B2"),
+    ("Books flights from New York to Florida", "Books flights from Florida to New York"),
+    ("Prefers morning meetings", "Does not prefer morning meetings"),
+]
+
+
+def row(content: str, embedding, **fields):
+    values = {
+        "id": uuid4(), "user_id": "u1", "row_version": 1, "preview": content, "content": content,
+        "embedding": embedding, "memory_type": "semantic", "source": "explicit_user_statement",
+        "scope": None, "slot": None, "importance": 3, "importance_assessed_at": None,
+        "confidence": 1.0, "created_at": NOW, "last_accessed_at": None, "access_count": 0,
+        "observed_at": NOW, "valid_from": None, "expires_at": None, "metadata": {}, "trust": 3,
+    }  # fmt: skip
+    return SimpleNamespace(**(values | fields))
+
+
+def groups_of(rows, similarity=0.85, max_group_size=8, max_merge_depth=1):
+    return find_groups(
+        rows,
+        similarity=similarity,
+        max_group_size=max_group_size,
+        max_merge_depth=max_merge_depth,
+        dim=TEST_DIM,
+    )
+
+
+class TestFindGroups:
+    def test_threshold_just_inside_and_just_outside(self):
+        """A pair at 0.8501 is a group, a pair at 0.8499 is not."""
+        inside = [row("a", E0), row("b", at_similarity(0.8501))]
+        outside = [row("a", E0), row("b", at_similarity(0.8499))]
+        assert len(groups_of(inside)[0]) == 1
+        assert groups_of(outside)[0] == []
+
+    def test_unusable_embeddings_are_skipped_and_counted(self):
+        """Zero, wrong-size and non-finite vectors never join a group and count as skipped."""
+        rows = [
+            row("a", E0),
+            row("b", E0),
+            row("zero", [0.0] * TEST_DIM),
+            row("short", [1.0, 0.0]),
+            row("nan", [math.nan] + [0.0] * (TEST_DIM - 1)),
+            row("not embedded", None),
+        ]
+        groups, skipped = groups_of(rows)
+        assert [sorted(m.content for m in g) for g in groups] == [["a", "b"]]
+        assert skipped == 3
+
+    def test_groups_never_span_two_slots(self):
+        """Identical vectors in different slots stay apart."""
+        rows = [row("a", E0, slot="x"), row("b", E0, slot="y"), row("c", E0, slot="x")]
+        groups, _ = groups_of(rows)
+        assert [sorted(m.content for m in g) for g in groups] == [["a", "c"]]
+
+    def test_group_size_is_capped(self):
+        """Ten identical vectors with a cap of 4 make groups of at most 4."""
+        groups, _ = groups_of([row(str(i), E0) for i in range(10)], max_group_size=4)
+        assert max(len(g) for g in groups) == 4
+
+    def test_merged_records_are_not_merged_beyond_the_depth(self):
+        """A depth-1 merge is left alone at max depth 1 and merged again at max depth 2."""
+        rows = [row("a", E0), row("b", E0, source="gc_merge", metadata={"merge_depth": 1})]
+        assert groups_of(rows, max_merge_depth=1)[0] == []
+        assert len(groups_of(rows, max_merge_depth=2)[0]) == 1
+
+    def test_merge_depth_of_summaries_and_plain_rows(self):
+        """Plain rows are depth 0; summaries and merges without a depth count as 1."""
+        assert merge_depth(row("a", E0)) == 0
+        assert merge_depth(row("s", E0, memory_type="summary")) == 1
+        assert merge_depth(row("s", E0, source="gc_merge", metadata={"summary_depth": 2})) == 2
+
+
+class TestExactDuplicates:
+    def test_normalised_text_decides(self):
+        """Case, spacing and surrounding punctuation do not matter; a different word does."""
+        assert exact_duplicates([row("Has a dog.", E0), row("  has a DOG", E0)])
+        assert not exact_duplicates([row("Has a dog", E0), row("Has a cat", E0)])
+
+    @pytest.mark.parametrize(("a", "b"), NEAR_MISSES)
+    def test_near_misses_are_not_exact(self, a, b):
+        """The issue's near-miss pairs are never exact duplicates."""
+        assert not exact_duplicates([row(a, E0), row(b, E0)])
+
+
+class TestMergedRecord:
+    def test_fields_follow_the_members(self):
+        """Highest importance, earliest times, latest access, summed counts, open TTL wins."""
+        a = row("a", E0, importance=2, created_at=days_ago(9), observed_at=days_ago(8),
+                last_accessed_at=days_ago(3), access_count=2, expires_at=None, trust=2)  # fmt: skip
+        b = row("b", E0, importance=4, created_at=days_ago(5), observed_at=days_ago(5),
+                last_accessed_at=days_ago(1), access_count=5, expires_at=NOW, trust=3,
+                valid_from=days_ago(5))  # fmt: skip
+        record = merged_record([a, b], content="ab", embedding=E0, embedding_source="model")
+        assert record["importance"] == 4
+        assert record["created_at"] == days_ago(9).isoformat()
+        assert record["observed_at"] == days_ago(8).isoformat()
+        assert record["last_accessed_at"] == days_ago(1).isoformat()
+        assert record["access_count"] == 7
+        assert record["expires_at"] is None
+        assert record["valid_from"] is None
+        assert record["source"] == "gc_merge"
+        assert record["metadata"] == {
+            "merge_depth": 1, "merged_count": 2, "embedding_source": "model",
+            "trust_source": "explicit_user_statement",
+        }  # fmt: skip
+
+    def test_ttl_is_the_latest_when_every_member_has_one(self):
+        """All members expiring → the merged record expires with the last of them."""
+        a = row("a", E0, expires_at=NOW + timedelta(days=1))
+        b = row("b", E0, expires_at=NOW + timedelta(days=9))
+        record = merged_record([a, b], content="ab", embedding=E0, embedding_source="model")
+        assert record["expires_at"] == (NOW + timedelta(days=9)).isoformat()
+
+    def test_reassessed_importance_counts(self):
+        """An importance re-assessed earlier in the batch is the one used."""
+        a, b = row("a", E0, importance=2), row("b", E0, importance=2)
+        record = merged_record(
+            [a, b], content="ab", embedding=E0, embedding_source="model", importance={a.id: 5}
+        )
+        assert record["importance"] == 5
+
+
+def report_of(engine, run_id):
+    with engine.connect() as conn:
+        return build_report(conn, run_id)
+
+
+def action_key(action):
+    return (action["job"], action["action"], action["memory_id"], action["reason"])
+
+
+def lineage(engine, derived: UUID) -> set[UUID]:
+    rows = execute(engine, "SELECT source_id FROM memory_lineage WHERE derived_id = :d", d=derived)
+    return {r.source_id for r in rows}
+
+
+class TestOffline:
+    def test_exact_duplicates_merge_without_an_llm(self, engine, settings):
+        """Exact duplicates merge into one record with lineage; members become merged."""
+        a = add(engine, "u1", "Has a dog named Rex.", created_at=days_ago(9), embedding=E0,
+                importance=2, access_count=1)  # fmt: skip
+        b = add(engine, "u1", "has a dog named Rex", created_at=days_ago(4), embedding=E0,
+                importance=4, access_count=2)  # fmt: skip
+        report = run(engine, settings, jobs=["compaction"])
+        created = [x for x in report["actions"] if x["action"] == "create_merged"]
+        assert len(created) == 1 and created[0]["reason"] == "exact_duplicates"
+        new_id = UUID(created[0]["memory_id"])
+        merged = get(engine, new_id)
+        assert merged["content"] == "Has a dog named Rex."
+        assert merged["importance"] == 4 and merged["access_count"] == 3
+        assert merged["metadata"]["embedding_source"] == "copied"
+        assert lineage(engine, new_id) == {a, b}
+        for member in (a, b):
+            assert get(engine, member)["status"] == "merged"
+            assert get(engine, member)["superseded_by"] == new_id
+
+    @pytest.mark.parametrize(("a", "b"), NEAR_MISSES)
+    def test_near_miss_pairs_never_merge_offline(self, engine, settings, a, b):
+        """Near-miss pairs with near-identical embeddings are deferred, never merged."""
+        first = add(engine, "u1", a, created_at=days_ago(3), embedding=E0)
+        second = add(engine, "u1", b, created_at=days_ago(2), embedding=at_similarity(0.99))
+        before = snapshot(engine)
+        report = run(engine, settings, jobs=["compaction"])
+        assert snapshot(engine) == before
+        [deferred] = report["actions"]
+        assert deferred["action"] == "deferred" and deferred["reason"] == "llm_unavailable"
+        assert set(deferred["details"]["memory_ids"]) == {str(first), str(second)}
+        assert deferred["details"]["near_misses"][0]["reasons"]
+
+    def test_deferred_groups_render_for_people(self, engine, settings):
+        """The Markdown and HTML reports list a deferred group with its member ids."""
+        first = add(engine, "u1", NEAR_MISSES[0][0], embedding=E0)
+        add(engine, "u1", NEAR_MISSES[0][1], embedding=E0)
+        report = run(engine, settings, jobs=["compaction"])
+        for fmt in ("md", "html"):
+            assert str(first)[:8] in render.render(report, fmt)
+
+    def test_paraphrases_are_deferred_as_one_group(self, engine, settings):
+        """A group needing the LLM is one deferred action listing every member."""
+        ids = {add(engine, "u1", text, embedding=at_similarity(s, axis))
+               for text, s, axis in [("Likes tea", 1.0, 1), ("Enjoys tea", 0.95, 1),
+                                     ("Tea lover", 0.95, 2)]}  # fmt: skip
+        report = run(engine, settings, jobs=["compaction"])
+        assert [a["action"] for a in report["actions"]] == ["deferred"]
+        assert {UUID(m) for m in report["actions"][0]["details"]["memory_ids"]} == ids
+
+    def test_pinned_rows_are_untouched(self, engine, settings):
+        """A pinned exact duplicate is neither merged nor grouped."""
+        pinned = add(engine, "u1", "Has a dog", embedding=E0, pinned=True)
+        add(engine, "u1", "Has a dog", embedding=E0)
+        report = run(engine, settings, jobs=["compaction"])
+        assert report["totals"]["actions"] == 0
+        assert status(engine, pinned) == "active"
+
+    def test_no_action_spans_two_users(self, engine, settings):
+        """The same text for two users gives one merge per user, each inside its user."""
+        for user in ("u1", "u2"):
+            for _ in range(2):
+                add(engine, user, "Has a dog", embedding=E0)
+        report = run(engine, settings, jobs=["compaction"])
+        groups: dict[str, set[str]] = {}
+        for action in report["actions"]:
+            groups.setdefault(action["details"]["group"], set()).add(action["user_id"])
+        assert len(groups) == 2 and all(len(users) == 1 for users in groups.values())
+
+    def test_rows_with_validity_supersedes_or_open_reviews_are_left_out(self, engine, settings):
+        """Bounded rows, overrides, their targets and rows under review are not compacted."""
+        target = add(engine, "u1", "Has a dog", embedding=E0)
+        add(engine, "u1", "Has a dog", embedding=E0, supersedes=[target])
+        add(engine, "u1", "Has a dog", embedding=E0, valid_until=NOW + timedelta(days=1))
+        reviewed = add(engine, "u1", "Has a dog", embedding=E0)
+        lonely = add(engine, "u1", "Has a dog", embedding=E0)
+        execute(engine, "INSERT INTO gc_review_items (user_id, kind, memory_ids, reason) "
+                "VALUES ('u1', 'contradiction', ARRAY[CAST(:a AS uuid), :b], 'x')",
+                a=reviewed, b=lonely)  # fmt: skip
+        report = run(engine, settings, jobs=["compaction"])
+        assert report["totals"]["actions"] == 0
+
+    def test_threshold_in_the_database(self, engine, settings):
+        """Stored as float32, a pair at 0.8501 is still a group and one at 0.8499 is not."""
+        add(engine, "u1", "a", embedding=E0)
+        add(engine, "u1", "b", embedding=at_similarity(0.8501))
+        add(engine, "u2", "a", embedding=E0)
+        add(engine, "u2", "b", embedding=at_similarity(0.8499))
+        report = run(engine, settings, jobs=["compaction"])
+        assert {a["user_id"] for a in report["actions"]} == {"u1"}
+
+    def test_unusable_embeddings_are_counted_in_the_report(self, engine, settings):
+        """A zero vector is skipped and reported under jobs.compaction.skipped."""
+        add(engine, "u1", "zero", embedding=[0.0] * TEST_DIM)
+        report = run(engine, settings, jobs=["compaction"])
+        assert report["jobs"]["compaction"]["skipped"] == 1
+
+    def test_merged_record_is_not_merged_again(self, engine, settings):
+        """After a merge, a new duplicate of the merged text is left alone at depth 1."""
+        for _ in range(2):
+            add(engine, "u1", "Has a dog", embedding=E0, created_at=days_ago(5))
+        run(engine, settings, jobs=["compaction"])
+        add(engine, "u1", "Has a dog", embedding=E0)
+        again = run(engine, settings, jobs=["compaction"])
+        assert again["totals"]["actions"] == 0
+        deeper = Settings(
+            embeddings=EmbeddingSettings(dim=TEST_DIM),
+            compaction=CompactionSettings(max_merge_depth=2),
+        )
+        assert run(engine, deeper, jobs=["compaction"])["totals"]["by_action"]["merge"] == 2
+
+    def test_dry_run_then_apply_equals(self, engine, settings):
+        """Applying a dry run's plan performs exactly the planned actions, same new id."""
+        for _ in range(3):
+            add(engine, "u1", "Has a dog", embedding=E0)
+        add(engine, "u1", "English level is B1", embedding=unit(1.0))
+        add(engine, "u1", "English level is B2", embedding=unit(1.0))
+        before = snapshot(engine)
+        plan = run(engine, settings, jobs=["compaction"], dry_run=True)
+        assert snapshot(engine) == before
+        applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        assert sorted(map(action_key, applied["actions"])) == sorted(
+            map(action_key, plan["actions"])
+        )
+        assert len(plan["actions"]) == 5  # create_merged + 3 merges + the deferred near-miss
+
+    def test_a_merge_can_be_restored(self, engine, settings):
+        """Restoring the merged record brings the members back and retires the record."""
+        ids = [add(engine, "u1", "Has a dog", embedding=E0) for _ in range(2)]
+        report = run(engine, settings, jobs=["compaction"])
+        new_id = UUID(report["actions"][0]["memory_id"])
+        restore.restore_memory(engine, new_id)
+        assert [status(engine, m) for m in ids] == ["active", "active"]
+        assert status(engine, new_id) == "deleted"

@@ -1,0 +1,239 @@
+"""contradiction: deterministic rules, trust, overrides, validity, and offline deferral."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import SimpleNamespace
+from uuid import UUID, uuid4
+
+import pytest
+
+from gc_worker import engine as gc_engine
+from gc_worker.actions import Kind
+from gc_worker.report import build_report
+from jobs.contradiction_rules import Pair, close_at, decide, declared_pairs, slot_pairs
+from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
+from tests.test_compaction import E0, NEAR_MISSES, at_similarity, unit
+
+
+def row(content="x", **fields):
+    values = {
+        "id": uuid4(), "user_id": "u1", "row_version": 1, "preview": content, "content": content,
+        "embedding": None, "slot": None, "supersedes": [], "pinned": False, "trust": 3,
+        "valid_from": None, "valid_until": None, "observed_at": NOW, "created_at": NOW,
+    }  # fmt: skip
+    return SimpleNamespace(**(values | fields))
+
+
+def reviews(engine) -> list[tuple[str, list[UUID]]]:
+    rows = execute(engine, "SELECT reason, memory_ids FROM gc_review_items ORDER BY id")
+    return [(r.reason, list(r.memory_ids)) for r in rows]
+
+
+def changes(report) -> list[tuple[str, str, str]]:
+    return [(a["action"], a["memory_id"], a["reason"]) for a in report["actions"]]
+
+
+class TestRules:
+    def test_declarer_wins_even_when_older(self):
+        """A declared supersedes makes the declarer the winner."""
+        target = row("new", observed_at=days_ago(1))
+        declarer = row("old", observed_at=days_ago(5), supersedes=[target.id])
+        [pair] = declared_pairs([target, declarer])
+        assert pair.winner is declarer and pair.loser is target
+
+    def test_declarations_across_users_are_ignored(self):
+        """A supersedes naming another user's memory is not a pair."""
+        target = row(user_id="u2")
+        assert declared_pairs([target, row(supersedes=[target.id])]) == []
+
+    def test_slot_holder_is_newest_of_the_most_trusted(self):
+        """Older rows lose to the holder; a newer, less trusted row is a review."""
+        old = row("old", slot="s", observed_at=days_ago(9))
+        holder = row("holder", slot="s", observed_at=days_ago(5))
+        newer_inference = row("inferred", slot="s", observed_at=days_ago(1), trust=2)
+        bounded = row("bounded", slot="s", valid_until=NOW + timedelta(days=1))
+        pairs = slot_pairs([old, holder, newer_inference, bounded])
+        assert [(p.winner.content, p.loser.content) for p in pairs] == [
+            ("holder", "old"),
+            ("inferred", "holder"),
+        ]
+        assert decide(pairs[0], now=NOW).action is Kind.OBSOLETE
+        assert decide(pairs[1], now=NOW).action is Kind.REVIEW
+
+    def test_temporary_override_and_future_winner_do_nothing(self):
+        """A winner with valid_until, or not yet in effect, changes nothing."""
+        older = row("older", observed_at=days_ago(9))
+        override = row("o", observed_at=days_ago(1), valid_until=NOW + timedelta(days=1))
+        future = row("f", observed_at=days_ago(1), valid_from=NOW + timedelta(seconds=1))
+        at_now = row("n", observed_at=days_ago(1), valid_from=NOW)
+        assert decide(Pair(older, override, override, "declared"), now=NOW) is None
+        assert decide(Pair(older, future, future, "declared"), now=NOW) is None
+        assert decide(Pair(older, at_now, at_now, "declared"), now=NOW).action is Kind.OBSOLETE
+
+    def test_pinned_loser_is_a_review(self):
+        """A pinned loser is never obsoleted; a person is asked instead."""
+        older, newer = row(pinned=True, observed_at=days_ago(2)), row()
+        action = decide(Pair(older, newer, newer, "slot"), now=NOW)
+        assert (action.action, action.reason) == (Kind.REVIEW, "pinned")
+
+    @pytest.mark.parametrize(
+        ("winner_trust", "loser_trust", "kind"),
+        [(3, 3, Kind.OBSOLETE), (2, 3, Kind.REVIEW), (3, 1, Kind.OBSOLETE), (1, 2, Kind.REVIEW)],
+    )
+    def test_trust_order(self, winner_trust, loser_trust, kind):
+        """The winner must be at least as trusted as the loser."""
+        older, newer = row(trust=loser_trust, observed_at=days_ago(2)), row(trust=winner_trust)
+        assert decide(Pair(older, newer, newer, "slot"), now=NOW).action is kind
+
+    def test_close_at_keeps_an_earlier_end(self):
+        """The loser's valid_until closes at the winner's start unless it already ends sooner."""
+        winner = row(valid_from=days_ago(1))
+        assert close_at(row(), winner) == days_ago(1)
+        assert close_at(row(valid_until=days_ago(2)), winner) is None
+        assert close_at(row(valid_until=NOW), winner) == days_ago(1)
+
+
+class TestValidityEnded:
+    def test_just_inside_and_just_outside(self, engine, settings):
+        """valid_until == now is ended; one second later is not; pinned rows are kept."""
+        ended = add(engine, "u1", "ended", created_at=days_ago(9), valid_until=NOW)
+        running = add(engine, "u1", "running", created_at=days_ago(9),
+                      valid_until=NOW + timedelta(seconds=1))  # fmt: skip
+        pinned = add(engine, "u1", "pinned", created_at=days_ago(9), valid_until=NOW,
+                     pinned=True)  # fmt: skip
+        report = run(engine, settings, jobs=["contradiction"])
+        assert changes(report) == [("obsolete", str(ended), "validity_ended")]
+        assert status(engine, running) == status(engine, pinned) == "active"
+
+
+class TestDeterministic:
+    def test_same_slot_newer_wins_and_closes_the_window(self, engine, settings):
+        """The newer slot value obsoletes the older and closes its validity at the newer's start."""
+        old = add(engine, "u1", "English level is B1", slot="english", created_at=days_ago(90))
+        new = add(engine, "u1", "English level is B2", slot="english", created_at=days_ago(5),
+                  valid_from=days_ago(6))  # fmt: skip
+        report = run(engine, settings, jobs=["contradiction"])
+        assert changes(report) == [("obsolete", str(old), "slot_replaced")]
+        stored = get(engine, old)
+        assert stored["superseded_by"] == new and stored["valid_until"] == days_ago(6)
+        assert stored["status"] == "obsolete" and status(engine, new) == "active"
+
+    def test_lower_trust_newer_queues_one_review(self, engine, settings):
+        """A newer model inference does not obsolete a user statement; one review, not two."""
+        said = add(engine, "u1", "Diet: vegetarian", slot="diet", created_at=days_ago(90))
+        inferred = add(engine, "u1", "Diet: vegan", slot="diet", created_at=days_ago(1),
+                       source="model_inference")  # fmt: skip
+        before = snapshot(engine)
+        report = run(engine, settings, jobs=["contradiction"])
+        assert changes(report) == [("review", str(said), "lower_trust")]
+        assert snapshot(engine) == before
+        assert reviews(engine) == [("lower_trust", [said, inferred])]
+        again = run(engine, settings, jobs=["contradiction"])
+        assert again["totals"]["actions"] == 0 and len(reviews(engine)) == 1
+
+    def test_declared_supersedes(self, engine, settings):
+        """A permanent declared replacement obsoletes its target."""
+        target = add(engine, "u1", "Works at Acme", created_at=days_ago(40))
+        declarer = add(engine, "u1", "Works at Globex now", created_at=days_ago(2),
+                       supersedes=[target])  # fmt: skip
+        report = run(engine, settings, jobs=["contradiction"])
+        assert changes(report) == [("obsolete", str(target), "superseded")]
+        assert get(engine, target)["superseded_by"] == declarer
+
+    def test_merged_record_counts_as_its_best_member(self, engine, settings):
+        """A gc_merge record whose best member was a user statement beats an inference."""
+        merged = add(
+            engine,
+            "u1",
+            "Lives in Lyon",
+            slot="home",
+            created_at=days_ago(5),
+            source="gc_merge",
+            metadata='{"trust_source": "explicit_user_statement"}',
+        )
+        inferred = add(engine, "u1", "Lives in Nice", slot="home", created_at=days_ago(30),
+                       source="model_inference")  # fmt: skip
+        report = run(engine, settings, jobs=["contradiction"])
+        assert changes(report) == [("obsolete", str(inferred), "slot_replaced")]
+        assert status(engine, merged) == "active"
+
+    def test_pinned_loser_is_queued_for_review(self, engine, settings):
+        """The older, pinned slot value stays; a review is queued."""
+        pinned = add(engine, "u1", "Timezone: CET", slot="tz", created_at=days_ago(50),
+                     pinned=True)  # fmt: skip
+        add(engine, "u1", "Timezone: EST", slot="tz", created_at=days_ago(1))
+        report = run(engine, settings, jobs=["contradiction"])
+        assert changes(report) == [("review", str(pinned), "pinned")]
+        assert status(engine, pinned) == "active"
+
+    def test_dry_run_then_apply_equals(self, engine, settings):
+        """Applying the dry run's plan does exactly what it listed."""
+        add(engine, "u1", "A", slot="s", created_at=days_ago(9))
+        add(engine, "u1", "B", slot="s", created_at=days_ago(1))
+        add(engine, "u1", "C", created_at=days_ago(9), valid_until=days_ago(1))
+        before = snapshot(engine)
+        plan = run(engine, settings, jobs=["contradiction"], dry_run=True)
+        assert snapshot(engine) == before and len(plan["actions"]) == 2
+        with engine.connect() as conn:
+            applied = build_report(conn, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        assert changes(applied) == changes(plan)
+
+
+class TestOffline:
+    @pytest.mark.parametrize(("a", "b"), NEAR_MISSES)
+    def test_near_miss_pairs_are_deferred_not_obsoleted(self, engine, settings, a, b):
+        """Similar near-miss pairs wait for the LLM: zero obsoletes offline."""
+        first = add(engine, "u1", a, created_at=days_ago(3), embedding=E0)
+        second = add(engine, "u1", b, created_at=days_ago(2), embedding=at_similarity(0.99))
+        before = snapshot(engine)
+        report = run(engine, settings, jobs=["contradiction"])
+        assert snapshot(engine) == before
+        [deferred] = report["actions"]
+        assert (deferred["action"], deferred["reason"]) == ("deferred", "llm_unavailable")
+        assert deferred["details"]["memory_ids"] == [str(first), str(second)]
+
+    def test_similarity_threshold_inside_and_outside(self, engine, settings):
+        """At 0.7501 a pair is a candidate, at 0.7499 it is not."""
+        add(engine, "u1", "a", embedding=E0, created_at=days_ago(2))
+        add(engine, "u1", "b", embedding=at_similarity(0.7501))
+        add(engine, "u2", "a", embedding=E0, created_at=days_ago(2))
+        add(engine, "u2", "b", embedding=at_similarity(0.7499))
+        report = run(engine, settings, jobs=["contradiction"])
+        assert [a["user_id"] for a in report["actions"]] == ["u1"]
+
+    def test_pairs_the_llm_could_not_change_are_not_listed(self, engine, settings):
+        """Exact duplicates (compaction's) and a newer temporary override are not candidates."""
+        add(engine, "u1", "Has a dog", embedding=E0, created_at=days_ago(3))
+        add(engine, "u1", "has a dog.", embedding=E0, created_at=days_ago(2))
+        add(engine, "u2", "No evening meetings", embedding=E0, created_at=days_ago(9))
+        add(engine, "u2", "Evening meetings fine", embedding=unit(0.1), created_at=days_ago(1),
+            valid_until=NOW + timedelta(days=3))  # fmt: skip
+        assert run(engine, settings, jobs=["contradiction"])["totals"]["actions"] == 0
+
+    def test_unusable_embeddings_are_counted(self, engine, settings):
+        """A zero vector is reported as skipped."""
+        add(engine, "u1", "zero", embedding=[0.0] * len(E0))
+        assert (
+            run(engine, settings, jobs=["contradiction"])["jobs"]["contradiction"]["skipped"] == 1
+        )
+
+
+class TestNearestPairs:
+    def test_each_memory_joins_at_most_limit_pairs(self):
+        """With a limit of 1, a clique of four yields its two most similar disjoint pairs."""
+        from jobs.contradiction import nearest_pairs
+
+        pairs = [("a", "b", 0.99), ("a", "c", 0.98), ("c", "d", 0.97), ("b", "d", 0.96)]
+        assert nearest_pairs(pairs, 1) == [("a", "b", 0.99), ("c", "d", 0.97)]
+
+    def test_limit_bounds_calls_linearly(self):
+        """n near-copies with limit k give at most n·k/2 pairs; no limit gives all n(n−1)/2."""
+        from itertools import combinations
+
+        from jobs.contradiction import nearest_pairs
+
+        ids = list(range(20))
+        pairs = [(a, b, 1.0 - (a + b) / 100) for a, b in combinations(ids, 2)]
+        assert len(nearest_pairs(pairs, 3)) <= 20 * 3 // 2
+        assert len(nearest_pairs(pairs, None)) == 190

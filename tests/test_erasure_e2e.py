@@ -1,0 +1,200 @@
+"""Forget-user end to end, on a store with history: plain memories, a merge of two of them, a
+review item, cached LLM decisions and audit rows → erase → purge → verify finds nothing, and a
+scan of every text column of the whole database finds none of the user's content."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import UUID
+
+import pytest
+import sqlalchemy as sa
+
+from gc_worker import erasure
+from gc_worker.cli import main
+from gc_worker.verify_erasure import verify
+from tests.store import NOW, add, get, run, snapshot, status
+from tests.test_erasure_helpers import (
+    cache_decision,
+    count,
+    full_text_scan,
+    merge,
+    requests,
+    review,
+    tombstones,
+)
+
+DAY = timedelta(days=1)
+EMBEDDING_MARK = "0.271828"
+MARKERS = ["quokkaville", "zanzibari", "xylophonist", "marmoset", "oolong", "eighty degrees",
+           "sourdough", EMBEDDING_MARK]  # fmt: skip
+MERGED = "Drinks oolong tea every morning, brewed at eighty degrees"
+
+
+def vec(i: int, mark: float = 0.271828) -> list[float]:
+    return [mark if j == i else 0.0 for j in range(8)]
+
+
+def seed_history(engine, settings) -> dict[str, UUID]:
+    """User u1 with every kind of trace the worker keeps; user u2 as a bystander."""
+    ids = {
+        "home": add(engine, "u1", "Lives in Quokkaville near the harbour", embedding=vec(0)),
+        "food": add(engine, "u1", "Favourite dish is zanzibari pilau", embedding=vec(1)),
+        "job": add(engine, "u1", "Works as a xylophonist at night", embedding=vec(2),
+                   pinned=True),
+        "note": add(engine, "u1", "Expired note about the marmoset", expires_at=NOW),
+        "tea": add(engine, "u1", "Prefers oolong tea brewed at eighty degrees", embedding=vec(3)),
+        "morning": add(engine, "u1", "Drinks oolong tea every morning", embedding=vec(4)),
+        "bread": add(engine, "u1", "Bakes sourdough " + "on Sundays " * 30, embedding=vec(5)),
+        "other": add(engine, "u2", "Keeps bees in the garden", embedding=vec(6, 0.5)),
+    }  # fmt: skip
+    run(engine, settings, dry_run=True)  # a stored plan with previews
+    run(engine, settings)  # audit history: the marmoset note expires
+    ids["merged"] = merge(engine, "u1", [ids["tea"], ids["morning"]], MERGED, vec(7))
+    review(
+        engine,
+        "u1",
+        [ids["home"], ids["food"]],
+        ["Lives in Quokkaville near the harbour", "Favourite dish is zanzibari pilau"],
+    )
+    cache_decision(
+        engine,
+        "u1",
+        [ids["tea"], ids["morning"]],
+        {"merged": MERGED, "members": ["Drinks oolong tea every morning"]},
+    )
+    cache_decision(engine, "u2", [ids["other"]], {"merged": "Keeps bees in the garden"})
+    return ids
+
+
+def assert_traces_exist(engine) -> None:
+    """The seeded store really holds the content in every worker table the test cares about."""
+    found = {(table, needle) for table, _, needle in full_text_scan(engine, MARKERS)}
+    for table in ("memories", "gc_actions", "gc_llm_cache", "gc_review_items"):
+        assert any(t == table for t, _ in found), table
+    assert ("gc_actions", EMBEDDING_MARK) in found
+
+
+class TestForgetUserEndToEnd:
+    def test_erase_purge_verify_leaves_nothing(self, engine, settings):
+        """After forget-user, a run and a purge, verify and a database-wide scan find nothing."""
+        ids = seed_history(engine, settings)
+        assert_traces_exist(engine)
+        erasure.forget(engine, settings, now=NOW, user_id="u1")
+        run(engine, settings, now=NOW + timedelta(hours=1))
+        soon = verify(engine, now=NOW + timedelta(hours=1), user_id="u1")
+        assert {r.table for r in soon.residues} == {"memories", "memory_lineage"}  # await purge
+        assert count(engine, "SELECT count(*) FROM gc_llm_cache WHERE user_id = 'u1'") == 0
+        assert count(engine, "SELECT count(*) FROM gc_review_items") == 0
+        run(engine, settings, now=NOW + timedelta(hours=1) + DAY)
+        result = verify(engine, now=NOW + 2 * DAY, user_id="u1")
+        assert result.residues == [] and result.tables >= 6
+        assert full_text_scan(engine, MARKERS) == []
+        (request,) = requests(engine)
+        assert request["verified_at"] == NOW + 2 * DAY
+        assert request["result"]["verification"]["residues"] == 0
+        self._audit_kept_without_content(engine)
+        self._bystander_untouched(engine, ids)
+
+    def _audit_kept_without_content(self, engine) -> None:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.text("SELECT action, reason, memory_id, content_preview FROM gc_actions"
+                        " WHERE user_id = 'u1' AND outcome = 'applied'")
+            ).all()  # fmt: skip
+        assert {r.action for r in rows} >= {"soft_delete", "create_merged", "merge", "hard_delete"}
+        assert all(r.content_preview is None for r in rows), rows
+
+    def _bystander_untouched(self, engine, ids) -> None:
+        assert status(engine, ids["other"]) == "active"
+        assert count(engine, "SELECT count(*) FROM gc_llm_cache WHERE user_id = 'u2'") == 1
+        assert full_text_scan(engine, ["Keeps bees"]) != []
+
+    def test_verify_before_the_run_reports_the_pending_request(self, engine, settings):
+        """Until a run carries the request out, verification fails and names the request."""
+        seed_history(engine, settings)
+        request, _ = erasure.forget(engine, settings, now=NOW, user_id="u1")
+        result = verify(engine, now=NOW, user_id="u1")
+        assert [(r.table, r.row, r.match) for r in result.residues] == [
+            ("gc_erasure_requests", str(request.id), "pending")
+        ]
+        assert requests(engine)[0]["verified_at"] is None
+
+    def test_purge_now_does_it_all_in_one_audited_run(self, engine, settings):
+        """--purge-now: soft delete, purge and scrub at once, in one apply run (trigger erasure)."""
+        seed_history(engine, settings)
+        _, run_id = erasure.forget(engine, settings, now=NOW, user_id="u1", purge_now=True)
+        assert count(engine, "SELECT count(*) FROM memories WHERE user_id = 'u1'") == 0
+        assert verify(engine, now=NOW, user_id="u1").residues == []
+        assert full_text_scan(engine, MARKERS) == []
+        with engine.connect() as conn:
+            the_run = conn.execute(
+                sa.text("SELECT mode, trigger, status FROM gc_runs WHERE id = :id"), {"id": run_id}
+            ).one()
+        assert tuple(the_run) == ("apply", "erasure", "completed")
+        (request,) = requests(engine)
+        assert request["status"] == "completed" and request["run_id"] == run_id
+        assert request["result"]["purged"] == 8  # 7 plain rows and the merged record
+        assert len(tombstones(engine)) == 8  # every row, the expired (ttl) one included
+
+
+class TestCommandLine:
+    def test_forget_user_purge_now_then_verify(self, engine, settings, cli_env, capsys):
+        """`forget-user --purge-now` then `verify-erasure` prints 0 residues and exits 0."""
+        seed_history(engine, settings)
+        assert main(["forget-user", "u1", "--purge-now", "--now", NOW.isoformat()]) == 0
+        assert "erased" in capsys.readouterr().out
+        assert main(["verify-erasure", "u1"]) == 0
+        assert "u1: 0 residues" in capsys.readouterr().out
+        assert full_text_scan(engine, MARKERS) == []
+
+    def test_forget_memory_of_a_merge(self, engine, settings, cli_env, capsys):
+        """`forget ID --purge-now`: the merge is gone, the other member is active again."""
+        ids = seed_history(engine, settings)
+        assert main(["forget", str(ids["tea"]), "--purge-now"]) == 0
+        assert get(engine, ids["tea"]) is None and get(engine, ids["merged"]) is None
+        assert status(engine, ids["morning"]) == "active"
+        assert status(engine, ids["home"]) == "active"
+        capsys.readouterr()
+        assert main(["verify-erasure", "--memory", str(ids["tea"])]) == 0
+        assert "0 residues" in capsys.readouterr().out
+        assert full_text_scan(engine, ["Prefers oolong", "eighty degrees"]) == []
+
+    def test_forget_without_purge_files_a_pending_request_once(self, engine, cli_env, capsys):
+        """forget-user twice files one request and says the second is the same."""
+        add(engine, "u1")
+        assert main(["forget-user", "u1"]) == 0
+        assert "filed" in capsys.readouterr().out
+        assert main(["forget-user", "u1"]) == 0
+        assert "already pending" in capsys.readouterr().out
+        assert [r["status"] for r in requests(engine)] == ["pending"]
+
+    def test_verify_with_residues_exits_1(self, engine, settings, cli_env, capsys):
+        """Before the purge, verify-erasure lists each residue with its table and exits 1."""
+        add(engine, "u1", "Lives in Quokkaville")
+        assert main(["forget-user", "u1"]) == 0
+        run(engine, settings)
+        capsys.readouterr()
+        assert main(["verify-erasure", "u1"]) == 1
+        out = capsys.readouterr().out
+        assert "residue: memories.id" in out and "residue: memories.content" in out
+        assert "2 residues" in out
+
+    @pytest.mark.parametrize(
+        ("argv", "message"),
+        [
+            (["forget-user", "ghost"], "no memories for user 'ghost'"),
+            (["forget", "3f1c2b7e-0000-4000-8000-000000000000"], "no memory with id"),
+            (["forget", "not-a-uuid"], "is not a UUID"),
+            (["verify-erasure", "u1"], "no erasure request for user 'u1'"),
+            (["verify-erasure", "--memory", "nope"], "is not a UUID"),
+            (["verify-erasure"], "one of the arguments"),
+        ],
+    )
+    def test_bad_input_exits_2_and_changes_nothing(self, engine, cli_env, capsys, argv, message):
+        """Unknown or malformed targets: a clear message, exit 2, no row changed or filed."""
+        add(engine, "u1")
+        before = snapshot(engine)
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err
+        assert snapshot(engine) == before and requests(engine) == []

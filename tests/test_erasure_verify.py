@@ -1,0 +1,130 @@
+"""verify-erasure and the tombstone check a request path can run: residues in tables the code
+does not know, ids inside json, the SQL twin of the content hash, the refusing trigger."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import uuid4
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from gc_worker import erasure
+from gc_worker.verify_erasure import verify
+from jobs.similarity import content_hash
+from tests.store import NOW, add, execute, run, status
+from tests.test_erasure_helpers import requests
+
+SAMPLES = [
+    "Likes tea", "  LIKES   tea!! ", "«Straße»", "ﬁne Ａｂｃ", "tab\tand\nnewline\u2003end",
+    "¿Qué tal?", "…ellipsis…", "emoji 😀 ok", "ΣΑΣ", "İstanbul", "\u00a0nbsp\u00a0", "x" * 300,
+    "", "!!!", "a--b", "Ǆemal", "ﬃ", "K\u212a", "(parens) [brackets] {braces}", "$5 + 3 = 8",
+]  # fmt: skip
+
+
+def sql_hash(engine, user: str, text: str) -> str:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.text("SELECT memory_gc_content_hash(:u, :t)"), {"u": user, "t": text}
+        ).scalar_one()
+
+
+def erased(engine, settings, content="Lives in Quokkaville", user="u1"):
+    """A memory erased and purged through the normal path; returns its id."""
+    memory_id = add(engine, user, content)
+    erasure.forget(engine, settings, now=NOW, memory_id=memory_id, purge_now=True)
+    return memory_id
+
+
+class TestSqlContentHash:
+    @pytest.mark.parametrize("text", SAMPLES)
+    def test_sql_twin_matches_python(self, engine, text):
+        """memory_gc_content_hash equals jobs.similarity.content_hash on tricky texts."""
+        assert sql_hash(engine, "u1", text) == content_hash("u1", text)
+
+    @hsettings(max_examples=150, deadline=None,
+               suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+    @given(st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cn", "Co"]),
+                   max_size=40))  # fmt: skip
+    def test_sql_twin_matches_python_on_generated_text(self, engine, text):
+        """The two hashes agree on generated text of assigned code points."""
+        if "\x00" in text:
+            return  # PostgreSQL text cannot hold NUL
+        assert sql_hash(engine, "u", text) == content_hash("u", text)
+
+    def test_is_tombstoned_and_refusing_trigger(self, engine, settings):
+        """After an erasure the request-path check says yes, and the trigger refuses the write."""
+        memory_id = erased(engine, settings, "Allergic to peanuts")
+        with engine.connect() as conn:
+            check = sa.text("SELECT memory_gc_is_tombstoned(:u, :t)")
+            assert conn.execute(check, {"u": "u1", "t": "allergic to PEANUTS."}).scalar()
+            assert not conn.execute(check, {"u": "u1", "t": "Allergic to cats"}).scalar()
+            assert not conn.execute(check, {"u": "u2", "t": "Allergic to peanuts"}).scalar()
+            by_id = sa.text("SELECT memory_gc_is_tombstoned('u1', 'anything', :id)")
+            assert conn.execute(by_id, {"id": memory_id}).scalar()
+        execute(engine, "CREATE TRIGGER refuse BEFORE INSERT ON memories FOR EACH ROW"
+                        " EXECUTE FUNCTION memory_gc_refuse_tombstoned()")  # fmt: skip
+        with pytest.raises(sa.exc.IntegrityError, match="erased on request"):
+            add(engine, "u1", "Allergic to peanuts!")
+        add(engine, "u1", "Allergic to cats")
+
+
+class TestVerify:
+    def test_residue_in_a_table_the_code_does_not_know(self, engine, settings):
+        """A new gc_* table holding the erased text, or the erased id in a json key, is found."""
+        memory_id = erased(engine, settings)
+        execute(engine, "CREATE TABLE gc_future_notes (id serial PRIMARY KEY, user_id text,"
+                        " note varchar(200), extra jsonb)")  # fmt: skip
+        execute(engine, "INSERT INTO gc_future_notes (user_id, note, extra) VALUES"
+                        " ('u1', ' lives in quokkaville. ', '{}'),"
+                        " ('u1', 'unrelated', CAST(:extra AS jsonb))",
+                extra=f'{{"{memory_id}": 1}}')  # fmt: skip
+        result = verify(engine, now=NOW, user_id="u1")
+        found = {(r.table, r.column, r.row, r.match) for r in result.residues}
+        assert found == {("gc_future_notes", "note", "1", "content"),
+                         ("gc_future_notes", "extra", "2", "id")}  # fmt: skip
+        assert requests(engine)[0]["verified_at"] is None
+
+    def test_other_users_same_text_is_no_residue(self, engine, settings):
+        """The same text kept by another user is not that user's erased content."""
+        erased(engine, settings)
+        add(engine, "u2", "Lives in Quokkaville")
+        assert verify(engine, now=NOW, user_id="u1").residues == []
+
+    def test_long_content_found_through_its_preview(self, engine, settings):
+        """A 200-character preview of a long erased text is recognised."""
+        long_text = "Plans a trip " + "around the fjords " * 20
+        erased(engine, settings, long_text)
+        execute(engine, "CREATE TABLE gc_previews (user_id text, preview text)")
+        execute(engine, "INSERT INTO gc_previews VALUES ('u1', :p)", p=long_text[:200])
+        (residue,) = verify(engine, now=NOW, user_id="u1").residues
+        assert (residue.table, residue.match) == ("gc_previews", "content")
+
+    def test_stale_reinsert_is_a_residue_until_the_next_run(self, engine, settings):
+        """A re-inserted erased text is reported, and gone after the next run and purge."""
+        erased(engine, settings)
+        add(engine, "u1", "LIVES IN QUOKKAVILLE")
+        kept = add(engine, "u1", "Lives in Oslo")
+        assert {r.table for r in verify(engine, now=NOW, user_id="u1").residues} == {"memories"}
+        run(engine, settings)
+        run(engine, settings, now=NOW + timedelta(days=1))
+        assert verify(engine, now=NOW, user_id="u1").residues == []
+        assert status(engine, kept) == "active"
+
+    def test_verify_memory_checks_that_memory_only(self, engine, settings):
+        """--memory scans for that memory's erasure and ignores the user's other rows."""
+        memory_id = erased(engine, settings)
+        add(engine, "u1", "Still likes tea")
+        result = verify(engine, now=NOW, memory_id=memory_id)
+        assert result.clean and result.target == f"memory {memory_id}"
+        assert requests(engine)[0]["verified_at"] == NOW
+
+    def test_unknown_target_raises(self, engine):
+        """No request for the user or memory: a NotFoundError (exit 2) naming what to do."""
+        from gc_worker.errors import NotFoundError
+
+        with pytest.raises(NotFoundError, match="memory-gc forget"):
+            verify(engine, now=NOW, memory_id=uuid4())

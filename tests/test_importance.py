@@ -1,0 +1,276 @@
+"""The importance job: LLM scores in validated per-user batches, through the real engine and
+database; the LLM is faked only at the HTTP boundary (MockTransport under the openai client)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from uuid import UUID, uuid4
+
+import httpx2
+import pytest
+
+from gc_worker import engine as gc_engine
+from gc_worker.config import Runtime, Settings
+from gc_worker.llm import LLMPort
+from gc_worker.llm_store import open_run_llm
+from gc_worker.render import render_markdown
+from gc_worker.report import build_report
+from gc_worker.restore import restore_run
+from jobs.importance import scoring_batches
+from tests.store import NOW, add, days_ago, get, run, snapshot
+from tests.test_llm_port import FakeServer, Reply, chat_reply, data_block, error_reply
+
+GOAL, LUNCH, CAT = (
+    "Goal: pass the C1 exam in June.",
+    "Had pasta for lunch today.",
+    "Remember this: my cat is called Tom.",
+)
+SCORES = {GOAL: 5, LUNCH: 1, CAT: 3}
+BASE_URL = "http://llm.test/v1"
+MakeLLM = Callable[..., tuple[LLMPort, FakeServer]]
+
+
+def scored_by_content(scores: dict[str, int]) -> Callable[[httpx2.Request], httpx2.Response]:
+    """A reply that scores each memory of the request by its content (as a model would)."""
+
+    def reply(request: httpx2.Request) -> httpx2.Response:
+        items = data_block(json.loads(request.content)["messages"][1]["content"])
+        return chat_reply({"scores": [{"index": i["index"], "score": scores[i["content"]]}
+                                      for i in items]})  # fmt: skip
+
+    return reply
+
+
+def sent_contents(server: FakeServer, number: int = 0) -> list[str]:
+    return [item["content"] for item in data_block(server.body(number)["messages"][1]["content"])]
+
+
+def with_options(**sections: dict[str, Any]) -> Settings:
+    return Settings.model_validate({"embeddings": {"dim": 8}, **sections})
+
+
+@pytest.fixture
+def make_llm(engine, tmp_path: Path) -> Iterator[MakeLLM]:
+    ports: list[LLMPort] = []
+
+    def make(*replies: Reply, settings: Settings | None = None) -> tuple[LLMPort, FakeServer]:
+        server = FakeServer(list(replies))
+        runtime = Runtime(data_dir=tmp_path, openai_api_key="test", openai_base_url=BASE_URL)
+        http_client = httpx2.Client(transport=httpx2.MockTransport(server))
+        port = open_run_llm(settings or with_options(), runtime, engine, http_client=http_client)
+        assert port is not None
+        ports.append(port)
+        return port, server
+
+    yield make
+    for port in ports:
+        port.close()
+
+
+def seed_three(engine) -> dict[str, Any]:
+    return {text: add(engine, "u1", text, created_at=days_ago(3 - i)) for i, text in
+            enumerate((GOAL, LUNCH, CAT))}  # fmt: skip
+
+
+class TestScoring:
+    def test_valid_batch_scores_every_row(self, engine, settings, make_llm) -> None:
+        """One call scores the batch; importance and importance_assessed_at are written."""
+        ids = seed_three(engine)
+        llm, server = make_llm(scored_by_content(SCORES))
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        assert len(server.requests) == 1
+        for text, memory_id in ids.items():
+            row = get(engine, memory_id)
+            assert (row["importance"], row["importance_assessed_at"]) == (SCORES[text], NOW)
+        assert report["jobs"]["importance"]["by_action"] == {"set_importance": 3}
+        assert report["jobs"]["importance"]["llm_calls"] == 1
+        assert report["llm"]["calls"] == 1
+        lunch = next(a for a in report["actions"] if a["memory_id"] == str(ids[LUNCH]))
+        assert lunch["details"] == {"importance": 1, "previous": 3, "content": LUNCH}
+
+    def test_assessed_and_pinned_rows_are_never_sent(self, engine, settings, make_llm) -> None:
+        """Rows the application assessed, pinned rows and retired rows are not scored."""
+        todo = add(engine, "u1", GOAL)
+        assessed = add(engine, "u1", LUNCH, importance=2, importance_assessed_at=days_ago(9))
+        pinned = add(engine, "u1", CAT, pinned=True)
+        add(engine, "u1", "old news", status="deleted", deleted_at=days_ago(1))
+        llm, server = make_llm(scored_by_content(SCORES))
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        assert sent_contents(server) == [GOAL]
+        assert {a["memory_id"] for a in report["actions"]} == {str(todo)}
+        assert get(engine, assessed)["importance_assessed_at"] == days_ago(9)
+        assert get(engine, pinned)["importance_assessed_at"] is None
+
+    def test_unchanged_score_still_marks_the_row_assessed(self, engine, settings, make_llm):
+        """A score equal to the default is written too, so the row is not asked about again."""
+        memory_id = add(engine, "u1", CAT)
+        llm, _ = make_llm(scored_by_content(SCORES))
+        run(engine, settings, jobs=["importance"], llm=llm)
+        row = get(engine, memory_id)
+        assert (row["importance"], row["importance_assessed_at"]) == (3, NOW)
+
+    @pytest.mark.parametrize(("batch_size", "calls"), [(3, 1), (2, 2)])
+    def test_batch_size_just_inside_and_outside(self, engine, make_llm, batch_size, calls):
+        """Three rows fit one batch of 3; with batches of 2 they take two calls."""
+        seed_three(engine)
+        settings = with_options(importance={"batch_size": batch_size})
+        replies = [scored_by_content(SCORES)] * calls
+        llm, server = make_llm(*replies, settings=settings)
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        assert len(server.requests) == calls
+        assert report["jobs"]["importance"]["by_action"] == {"set_importance": 3}
+
+    def test_a_batch_never_mixes_users(self, engine, settings, make_llm) -> None:
+        """Two users' rows go in two calls, each with only its user's memories."""
+        add(engine, "u1", GOAL)
+        add(engine, "u2", LUNCH)
+        llm, server = make_llm(scored_by_content(SCORES), scored_by_content(SCORES))
+        run(engine, settings, jobs=["importance"], llm=llm)
+        assert sorted(map(sent_contents, [server, server], [0, 1])) == [[GOAL], [LUNCH]]
+
+    def test_decay_uses_the_new_score_in_the_same_run(self, engine, settings, make_llm) -> None:
+        """A 200-day-old row scored 1 decays below the floor in the same run; one scored 3 not."""
+        trivial = add(engine, "u1", LUNCH, created_at=days_ago(200))
+        useful = add(engine, "u1", CAT, created_at=days_ago(200))
+        llm, _ = make_llm(scored_by_content(SCORES))
+        run(engine, settings, jobs=["importance", "decay"], llm=llm)
+        assert (get(engine, trivial)["status"], get(engine, trivial)["status_reason"]) == (
+            "deleted",
+            "decayed",
+        )
+        assert get(engine, useful)["status"] == "active"
+
+    def test_restore_puts_the_default_back(self, engine, settings, make_llm) -> None:
+        """Restoring the run resets importance and importance_assessed_at."""
+        ids = seed_three(engine)
+        before = snapshot(engine)
+        llm, _ = make_llm(scored_by_content(SCORES))
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        result = restore_run(engine, UUID(report["run_id"]))
+        assert sorted(map(str, result.restored)) == sorted(map(str, ids.values()))
+        assert snapshot(engine) == before
+
+
+def scores(*pairs: tuple[int, int]) -> dict[str, Any]:
+    return {"scores": [{"index": index, "score": score} for index, score in pairs]}
+
+
+class TestRejectedAnswers:
+    @pytest.mark.parametrize(
+        ("reply", "error"),
+        [
+            (chat_reply(scores((0, 5), (1, 1))), "missing_index"),
+            (chat_reply(scores((0, 5), (1, 1), (1, 2))), "duplicate_index"),
+            (chat_reply(scores((0, 5), (1, 1), (3, 2))), "index_out_of_range"),
+            (chat_reply(scores((0, 5), (1, 0), (2, 3))), "score_out_of_range"),
+            (chat_reply(scores((0, 6), (1, 1), (2, 3))), "score_out_of_range"),
+            (chat_reply('{"scores": [{"index": 0, "score": 5}'), "malformed_json"),
+        ],
+        ids=["missing", "duplicate", "out-of-range", "score-0", "score-6", "malformed-json"],
+    )
+    def test_bad_answer_changes_nothing_and_is_counted(
+        self, engine, settings, make_llm, reply: httpx2.Response, error: str
+    ) -> None:
+        """The whole batch is left as it was, counted as an error and listed as deferred."""
+        ids = seed_three(engine)
+        before = snapshot(engine)
+        llm, _ = make_llm(reply)
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        assert snapshot(engine) == before
+        assert report["jobs"]["importance"]["errors"] == 1
+        [action] = report["actions"]
+        assert (action["action"], action["reason"]) == ("deferred", "llm_invalid")
+        assert action["details"]["error"] == error
+        assert sorted(action["details"]["memory_ids"]) == sorted(map(str, ids.values()))
+
+    def test_a_bad_batch_does_not_stop_the_next_one(self, engine, make_llm) -> None:
+        """With batches of one, a rejected answer defers its batch and the next is scored."""
+        goal, lunch = add(engine, "u1", GOAL, created_at=days_ago(2)), add(engine, "u1", LUNCH)
+        settings = with_options(importance={"batch_size": 1})
+        llm, _ = make_llm(chat_reply(scores((0, 9))), scored_by_content(SCORES), settings=settings)
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        assert get(engine, goal)["importance_assessed_at"] is None
+        assert get(engine, lunch)["importance"] == 1
+        assert report["jobs"]["importance"]["errors"] == 1
+
+    def test_unavailable_server_defers_the_rest_without_calling(self, engine, make_llm) -> None:
+        """A refused call is one error; the user's remaining batches are deferred uncalled."""
+        seed_three(engine)
+        settings = with_options(importance={"batch_size": 1}, llm={"max_retries": 0})
+        llm, server = make_llm(error_reply(400), settings=settings)
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        assert len(server.requests) == 1
+        assert report["jobs"]["importance"]["errors"] == 1
+        [listing] = report["actions"]
+        assert (listing["reason"], len(listing["details"]["memory_ids"])) == ("llm_unavailable", 3)
+        assert listing["details"]["calls"] == 3
+
+
+class TestNoNewCalls:
+    def test_apply_of_a_dry_run_makes_no_call(self, engine, settings, make_llm) -> None:
+        """The dry run asks once; applying its plan replays it and asks nothing."""
+        ids = seed_three(engine)
+        llm, server = make_llm(scored_by_content(SCORES))
+        plan = run(engine, settings, jobs=["importance"], dry_run=True, llm=llm)
+        assert get(engine, ids[GOAL])["importance_assessed_at"] is None
+        applied = gc_engine.apply_plan(engine, UUID(plan["run_id"]), llm=llm)
+        assert len(server.requests) == 1
+        assert get(engine, ids[GOAL])["importance"] == 5
+        with engine.connect() as conn:
+            assert build_report(conn, applied)["llm"]["calls"] == 0
+
+    def test_second_dry_run_is_answered_from_the_cache(self, engine, settings, make_llm) -> None:
+        """The same batch again is a cache hit: no HTTP request, same plan."""
+        seed_three(engine)
+        llm, server = make_llm(scored_by_content(SCORES))
+        first = run(engine, settings, jobs=["importance"], dry_run=True, llm=llm)
+        second = run(engine, settings, jobs=["importance"], dry_run=True, llm=llm)
+        assert len(server.requests) == 1
+        assert (second["llm"]["calls"], second["llm"]["cache_hits"]) == (0, 1)
+        assert [a["details"] for a in second["actions"]] == [a["details"] for a in first["actions"]]
+
+
+class TestDeferred:
+    def test_offline_lists_each_user_once_as_deferred(self, engine) -> None:
+        """Without an LLM nothing is guessed: a user's batches are listed once with their count."""
+        ids = seed_three(engine)
+        before = snapshot(engine)
+        settings = with_options(importance={"batch_size": 2})
+        report = run(engine, settings, jobs=["importance"])
+        assert snapshot(engine) == before
+        [listing] = report["actions"]
+        assert listing["reason"] == "llm_unavailable" and listing["details"]["calls"] == 2
+        assert listing["details"]["memory_ids"] == [str(ids[k]) for k in (GOAL, LUNCH, CAT)]
+        assert report["jobs"]["importance"]["errors"] == 0
+        markdown = render_markdown(report)
+        assert "| importance | u1 | llm_unavailable |" in markdown
+
+    def test_spent_budget_defers_the_rest(self, engine, make_llm) -> None:
+        """With one call allowed, the first batch is scored and the second deferred (llm_budget)."""
+        ids = seed_three(engine)
+        settings = with_options(importance={"batch_size": 2}, llm={"max_calls_per_run": 1})
+        llm, server = make_llm(scored_by_content(SCORES), settings=settings)
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        assert len(server.requests) == 1
+        assert get(engine, ids[GOAL])["importance"] == 5
+        [deferred] = [a for a in report["actions"] if a["action"] == "deferred"]
+        assert (deferred["reason"], deferred["details"]["memory_ids"]) == (
+            "llm_budget",
+            [str(ids[CAT])],
+        )
+        assert report["jobs"]["importance"]["errors"] == 0
+
+
+class TestScoringBatches:
+    def row(self, user_id: str) -> SimpleNamespace:
+        return SimpleNamespace(id=uuid4(), user_id=user_id)
+
+    def test_cut_per_user_and_size(self) -> None:
+        """Rows ordered by user are cut into per-user batches of at most the batch size."""
+        rows = [self.row("a"), self.row("a"), self.row("a"), self.row("b")]
+        batches = list(scoring_batches(rows, 2))
+        assert [(b.user_id, len(b.rows)) for b in batches] == [("a", 2), ("a", 1), ("b", 1)]

@@ -1,0 +1,216 @@
+"""The read rule (memory_gc_current / current_memories): validity, overrides, slots, known_at."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from gc_worker.read_rule import SUPERSESSION_REASONS, current_memories
+from jobs.contradiction_rules import REASONS, VALIDITY_ENDED
+from tests.store import NOW, add, days_ago, execute, run, status
+
+WEEK_START = NOW - timedelta(days=1)
+DURING_WEEK = WEEK_START + timedelta(days=2)
+AFTER_WEEK = WEEK_START + timedelta(days=8)
+
+
+def contents(engine, at, *, user="u1", scope=None, known_at=None) -> list[str]:
+    return [m["content"] for m in current_memories(engine, user, scope, at, known_at)]
+
+
+def seed_schedule(engine):
+    """The issue's example: a long-standing rule and a one-week override that declares it."""
+    original = add(
+        engine, "u1", "No evening meetings", scope="scheduling", created_at=days_ago(100)
+    )
+    override = add(
+        engine,
+        "u1",
+        "Evening meetings are fine this week",
+        scope="scheduling",
+        created_at=WEEK_START,
+        valid_from=WEEK_START,
+        valid_until=WEEK_START + timedelta(days=7),
+        supersedes=[original],
+    )
+    return original, override
+
+
+class TestSchedulingExample:
+    def test_override_during_the_week_original_after(self, engine, settings):
+        """In the week the override is current, after it the original; nothing is obsoleted."""
+        original, override = seed_schedule(engine)
+        report = run(engine, settings, jobs=["contradiction"], now=DURING_WEEK)
+        assert report["totals"]["actions"] == 0
+        assert status(engine, original) == status(engine, override) == "active"
+        assert contents(engine, DURING_WEEK, scope="scheduling") == [
+            "Evening meetings are fine this week"
+        ]
+        assert contents(engine, AFTER_WEEK, scope="scheduling") == ["No evening meetings"]
+
+    def test_after_the_week_the_override_ends_and_history_stays(self, engine, settings):
+        """A run after the week retires the override (validity_ended); the week still reads it."""
+        original, override = seed_schedule(engine)
+        report = run(engine, settings, jobs=["contradiction"], now=AFTER_WEEK)
+        assert [(a["memory_id"], a["reason"]) for a in report["actions"]] == [
+            (str(override), VALIDITY_ENDED)
+        ]
+        assert status(engine, original) == "active"
+        assert contents(engine, AFTER_WEEK) == ["No evening meetings"]
+        assert contents(engine, DURING_WEEK) == ["Evening meetings are fine this week"]
+
+    def test_the_override_window_is_half_open(self, engine):
+        """The override is current at its valid_from and no longer at its valid_until."""
+        seed_schedule(engine)
+        assert contents(engine, WEEK_START) == ["Evening meetings are fine this week"]
+        end = WEEK_START + timedelta(days=7)
+        assert contents(engine, end - timedelta(microseconds=1)) == [
+            "Evening meetings are fine this week"
+        ]
+        assert contents(engine, end) == ["No evening meetings"]
+
+
+class TestValidity:
+    def test_valid_from_and_observed_at_start_the_window(self, engine):
+        """A row is current from its valid_from, or from when it was observed."""
+        add(engine, "u1", "explicit start", valid_from=NOW, created_at=days_ago(5))
+        add(engine, "u1", "observed start", created_at=NOW)
+        before = NOW - timedelta(microseconds=1)
+        assert contents(engine, before) == []
+        assert sorted(contents(engine, NOW)) == ["explicit start", "observed start"]
+
+    def test_expired_rows_are_not_current(self, engine):
+        """A TTL at `at` means expired; one microsecond later than `at` is still current."""
+        add(engine, "u1", "expires now", created_at=days_ago(1), expires_at=NOW)
+        later = NOW + timedelta(microseconds=1)
+        add(engine, "u1", "expires later", created_at=days_ago(1), expires_at=later)
+        assert contents(engine, NOW) == ["expires later"]
+
+    def test_scope_filter_and_users_are_separate(self, engine):
+        """Only the asked scope (None = all) and only the asked user."""
+        add(engine, "u1", "work", scope="work", created_at=days_ago(1))
+        add(engine, "u1", "home", scope="home", created_at=days_ago(1))
+        add(engine, "u2", "other user", scope="work", created_at=days_ago(1))
+        assert contents(engine, NOW, scope="work") == ["work"]
+        assert sorted(contents(engine, NOW)) == ["home", "work"]
+
+    def test_naive_datetimes_are_refused(self, engine):
+        """`at` must carry a timezone."""
+        with pytest.raises(ValueError, match="timezone"):
+            current_memories(engine, "u1", None, NOW.replace(tzinfo=None))
+
+
+class TestStatus:
+    def test_deleted_and_merged_rows_are_never_current(self, engine):
+        """Soft-deleted and merged rows stay off the read path; active rows show."""
+        add(engine, "u1", "deleted", created_at=days_ago(3), status="deleted")
+        add(engine, "u1", "merged", created_at=days_ago(3), status="merged")
+        add(engine, "u1", "active", created_at=days_ago(3))
+        assert contents(engine, NOW) == ["active"]
+
+    def test_replaced_rows_stay_true_for_their_past(self, engine, settings):
+        """A slot's replaced value is current before the replacement started, not after."""
+        add(engine, "u1", "Lives in Berlin", slot="home", created_at=days_ago(300))
+        add(engine, "u1", "Lives in Paris", slot="home", created_at=days_ago(10))
+        run(engine, settings, jobs=["contradiction"])
+        assert contents(engine, NOW) == ["Lives in Paris"]
+        assert contents(engine, days_ago(11)) == ["Lives in Berlin"]
+
+    def test_rejected_rows_are_never_current(self, engine):
+        """An obsolete row with a reason that is not a supersession never shows."""
+        add(engine, "u1", "wrong", created_at=days_ago(3), status="obsolete",
+            status_reason="review_rejected")  # fmt: skip
+        assert contents(engine, days_ago(1)) == []
+
+    def test_every_supersession_reason_of_the_jobs_is_listed(self):
+        """The reasons the jobs obsolete with are the ones the read rule treats as history."""
+        assert {*REASONS.values(), VALIDITY_ENDED, "review_superseded"} == set(SUPERSESSION_REASONS)
+
+
+class TestSlots:
+    def test_one_current_value_per_slot(self, engine):
+        """With two open-ended values of a slot, the newer is the one current."""
+        add(engine, "u1", "English level is B1", slot="english", created_at=days_ago(90))
+        add(engine, "u1", "English level is B2", slot="english", created_at=days_ago(5))
+        assert contents(engine, NOW) == ["English level is B2"]
+
+    def test_a_bounded_override_shadows_inside_its_window(self, engine):
+        """A slot value with valid_until wins while valid, the open-ended one after."""
+        add(engine, "u1", "Works from the office", slot="workplace", created_at=days_ago(90))
+        add(engine, "u1", "Works from home this week", slot="workplace",
+            created_at=days_ago(2), valid_until=NOW + timedelta(days=3))  # fmt: skip
+        assert contents(engine, NOW) == ["Works from home this week"]
+        assert contents(engine, NOW + timedelta(days=4)) == ["Works from the office"]
+
+    def test_a_less_trusted_value_does_not_win_the_slot(self, engine):
+        """A newer model inference does not displace what the user said."""
+        add(engine, "u1", "Diet: vegetarian", slot="diet", created_at=days_ago(90))
+        add(engine, "u1", "Diet: vegan", slot="diet", created_at=days_ago(1),
+            source="model_inference")  # fmt: skip
+        assert contents(engine, NOW) == ["Diet: vegetarian"]
+
+    def test_a_less_trusted_override_does_not_shadow(self, engine):
+        """A declared override from a less trusted source leaves the original current."""
+        original = add(engine, "u1", "No calls on Sunday", created_at=days_ago(90))
+        add(engine, "u1", "Calls on Sunday are fine", created_at=days_ago(1),
+            source="external", supersedes=[original])  # fmt: skip
+        assert sorted(contents(engine, NOW)) == ["Calls on Sunday are fine", "No calls on Sunday"]
+
+
+class TestKnownAt:
+    def test_records_observed_later_are_unknown(self, engine):
+        """With known_at, a record observed after it is not considered; at known_at it is."""
+        add(engine, "u1", "old fact", created_at=days_ago(10))
+        add(engine, "u1", "new fact", created_at=days_ago(2))
+        assert contents(engine, NOW, known_at=days_ago(3)) == ["old fact"]
+        assert sorted(contents(engine, NOW, known_at=days_ago(2))) == ["new fact", "old fact"]
+
+    def test_status_changes_after_known_at_are_ignored(self, engine, settings):
+        """Before the replacement was known, the replaced value read as current and open-ended."""
+        add(engine, "u1", "Lives in Berlin", slot="home", created_at=days_ago(300))
+        add(engine, "u1", "Lives in Paris", slot="home", created_at=days_ago(10))
+        run(engine, settings, jobs=["contradiction"])
+        assert contents(engine, NOW, known_at=days_ago(20)) == ["Lives in Berlin"]
+        assert contents(engine, NOW, known_at=NOW) == ["Lives in Paris"]
+
+    def test_a_merge_after_known_at_shows_the_members(self, engine, settings):
+        """Rows merged after known_at read as they were; the merged record is not yet known."""
+        vector = [1.0] + [0.0] * 7
+        for _ in range(2):
+            add(engine, "u1", "Has a dog", created_at=days_ago(30), embedding=vector)
+        run(engine, settings, jobs=["compaction"])
+        assert contents(engine, NOW) == ["Has a dog"]
+        assert contents(engine, NOW, known_at=days_ago(1)) == ["Has a dog", "Has a dog"]
+
+
+class TestTrustOrder:
+    @pytest.mark.parametrize(
+        ("source", "metadata", "rank"),
+        [
+            ("explicit_user_statement", "{}", 3),
+            ("model_inference", "{}", 2),
+            ("external", "{}", 1),
+            ("something_else", "{}", 1),
+            ("gc_merge", '{"trust_source": "explicit_user_statement"}', 3),
+            ("gc_merge", '{"trust_source": "external"}', 1),
+            ("gc_merge", "{}", 2),
+        ],
+    )
+    def test_memory_gc_trust(self, engine, source, metadata, rank):
+        """explicit > inference > external; a merge counts as its best member, else inference."""
+        with engine.connect() as conn:
+            got = conn.execute(
+                sa.text("SELECT memory_gc_trust(:s, CAST(:m AS jsonb))"),
+                {"s": source, "m": metadata},
+            ).scalar()
+        assert got == rank
+
+    def test_sql_function_is_callable_from_the_request_path(self, engine):
+        """The SQL function answers a plain SELECT with whole memories rows."""
+        add(engine, "u1", "plain", created_at=days_ago(1))
+        rows = execute(
+            engine, "SELECT content, status FROM memory_gc_current('u1', NULL, :at, NULL)", at=NOW
+        ).all()
+        assert [tuple(r) for r in rows] == [("plain", "active")]

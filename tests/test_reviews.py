@@ -1,0 +1,155 @@
+"""The review queue: what the contradiction job queues, and resolving it (API and CLI)."""
+
+from __future__ import annotations
+
+import json
+from uuid import UUID, uuid4
+
+import pytest
+
+from gc_worker import restore
+from gc_worker.cli import main
+from gc_worker.errors import NotFoundError, UsageError
+from gc_worker.read_rule import current_memories
+from gc_worker.report import build_report
+from gc_worker.reviews import list_reviews, resolve_review
+from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
+
+
+def seed_conflict(engine) -> tuple[UUID, UUID]:
+    """A user statement and a newer model inference for one slot, queued for review."""
+    said = add(engine, "u1", "Diet: vegetarian", slot="diet", created_at=days_ago(90))
+    inferred = add(engine, "u1", "Diet: vegan", slot="diet", created_at=days_ago(1),
+                   source="model_inference")  # fmt: skip
+    return said, inferred
+
+
+def queue(engine, settings) -> int:
+    run(engine, settings, jobs=["contradiction"])
+    with engine.connect() as conn:
+        [item] = list_reviews(conn)
+    return item.id
+
+
+def report_of(engine, run_id):
+    with engine.connect() as conn:
+        return build_report(conn, run_id)
+
+
+class TestList:
+    def test_queued_item_is_listed_with_its_pair(self, engine, settings):
+        """The contradiction job's review shows up open, naming [older, newer]."""
+        said, inferred = seed_conflict(engine)
+        review_id = queue(engine, settings)
+        with engine.connect() as conn:
+            [item] = list_reviews(conn, user_id="u1")
+            assert list_reviews(conn, user_id="u2") == []
+            assert list_reviews(conn, status="resolved") == []
+        assert (item.id, item.kind, item.reason) == (review_id, "contradiction", "lower_trust")
+        assert item.memory_ids == [said, inferred] and item.status == "open"
+
+    def test_unknown_status_is_a_usage_error(self, engine):
+        """Only open, resolved (or None for all) are statuses."""
+        with engine.connect() as conn, pytest.raises(UsageError, match="status"):
+            list_reviews(conn, status="pending")
+
+
+class TestResolve:
+    def test_keep_the_older_rejects_the_newer(self, engine, settings):
+        """Keeping the user statement obsoletes the inference as rejected, window untouched."""
+        said, inferred = seed_conflict(engine)
+        review_id = queue(engine, settings)
+        result = resolve_review(engine, review_id, keep=said, now=NOW)
+        row = get(engine, inferred)
+        assert (row["status"], row["status_reason"]) == ("obsolete", "review_rejected")
+        assert row["superseded_by"] == said and row["valid_until"] is None
+        assert result.obsoleted == [inferred] and status(engine, said) == "active"
+        assert [m["content"] for m in current_memories(engine, "u1", None, NOW)] == [
+            "Diet: vegetarian"
+        ]
+        report = report_of(engine, result.run_id)
+        assert report["mode"] == "apply" and report["totals"]["by_action"] == {"obsolete": 1}
+
+    def test_obsolete_the_older_supersedes_it(self, engine, settings):
+        """Obsoleting the older closes its window at the newer's start; the newer is current."""
+        said, inferred = seed_conflict(engine)
+        review_id = queue(engine, settings)
+        resolve_review(engine, review_id, obsolete=said, now=NOW)
+        row = get(engine, said)
+        assert (row["status_reason"], row["superseded_by"]) == ("review_superseded", inferred)
+        assert row["valid_until"] == days_ago(1)
+        assert [m["content"] for m in current_memories(engine, "u1", None, NOW)] == ["Diet: vegan"]
+        assert [m["content"] for m in current_memories(engine, "u1", None, days_ago(2))] == [
+            "Diet: vegetarian"
+        ]
+
+    def test_a_resolution_is_restorable(self, engine, settings):
+        """restore --run of the resolution run puts the memory back."""
+        said, _ = seed_conflict(engine)
+        before = snapshot(engine)
+        result = resolve_review(engine, queue(engine, settings), keep=said, now=NOW)
+        restore.restore_run(engine, result.run_id)
+        assert snapshot(engine) == before
+
+    def test_dismiss_changes_nothing_and_is_not_asked_again(self, engine, settings):
+        """A dismissed pair stays as it is and the job queues no new review for it."""
+        seed_conflict(engine)
+        review_id = queue(engine, settings)
+        before = snapshot(engine)
+        result = resolve_review(engine, review_id, dismiss=True, now=NOW)
+        assert result.run_id is None and snapshot(engine) == before
+        assert run(engine, settings, jobs=["contradiction"])["totals"]["actions"] == 0
+        count = execute(engine, "SELECT count(*) FROM gc_review_items").scalar()
+        assert count == 1
+
+    def test_refusals(self, engine, settings):
+        """Unknown item, foreign memory, no decision and a second resolution are refused."""
+        said, _ = seed_conflict(engine)
+        review_id = queue(engine, settings)
+        with pytest.raises(NotFoundError):
+            resolve_review(engine, review_id + 100, keep=said)
+        with pytest.raises(UsageError, match="not part of review"):
+            resolve_review(engine, review_id, keep=uuid4())
+        with pytest.raises(UsageError, match="exactly one"):
+            resolve_review(engine, review_id)
+        resolve_review(engine, review_id, keep=said)
+        with pytest.raises(UsageError, match="already resolved"):
+            resolve_review(engine, review_id, keep=said)
+
+    def test_pinned_or_retired_members_are_not_changed(self, engine, settings):
+        """A pinned loser is refused; a member retired since must be dismissed instead."""
+        pinned = add(engine, "u1", "Timezone: CET", slot="tz", created_at=days_ago(50),
+                     pinned=True)  # fmt: skip
+        add(engine, "u1", "Timezone: EST", slot="tz", created_at=days_ago(1))
+        review_id = queue(engine, settings)
+        with pytest.raises(UsageError, match="pinned"):
+            resolve_review(engine, review_id, obsolete=pinned)
+        execute(engine, "UPDATE memories SET status = 'deleted' WHERE id = :id", id=pinned)
+        with pytest.raises(UsageError, match="no longer active"):
+            resolve_review(engine, review_id, obsolete=pinned)
+        assert resolve_review(engine, review_id, dismiss=True).decision == "dismiss"
+
+
+class TestCommandLine:
+    def test_list_and_resolve(self, engine, settings, cli_env, capsys):
+        """`reviews list` shows the item and its memories; `reviews resolve --keep` applies."""
+        said, inferred = seed_conflict(engine)
+        review_id = queue(engine, settings)
+        assert main(["reviews", "list"]) == 0
+        out = capsys.readouterr().out
+        assert f"#{review_id}" in out and str(inferred) in out and "Diet: vegan" in out
+        assert main(["reviews", "list", "--json", "--status", "all"]) == 0
+        [item] = json.loads(capsys.readouterr().out)
+        assert [m["id"] for m in item["memories"]] == [str(said), str(inferred)]
+        assert main(["reviews", "resolve", str(review_id), "--keep", str(said)]) == 0
+        assert "memory-gc restore --run" in capsys.readouterr().out
+        assert status(engine, inferred) == "obsolete"
+        assert main(["reviews", "list"]) == 0
+        assert "no open review items" in capsys.readouterr().out
+
+    def test_bad_usage_exits_2(self, engine, cli_env, capsys):
+        """A non-numeric id, a missing decision or an unknown item is exit code 2."""
+        assert main(["reviews", "resolve", "abc", "--dismiss"]) == 2
+        assert main(["reviews", "resolve", "1"]) == 2
+        assert main(["reviews", "resolve", "999", "--dismiss"]) == 2
+        assert "no review item 999" in capsys.readouterr().err

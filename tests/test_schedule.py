@@ -1,0 +1,381 @@
+"""The nightly schedule: cron trigger, due slot within the grace, one run per slot, plan review."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from gc_worker import cli, scheduler
+from gc_worker import engine as gc_engine
+from gc_worker.config import RunSettings, ScheduleSettings, Settings
+from gc_worker.daemon import Daemon, build_scheduler
+from gc_worker.errors import ConfigError, NotFoundError, UsageError
+from tests.store import NOW, add, days_ago, execute, status
+
+SLOT = datetime(2026, 6, 1, 3, 0, tzinfo=UTC)  # a Monday
+GRACE = 3600
+
+
+def with_schedule(settings: Settings, **schedule: object) -> Settings:
+    return settings.model_copy(update={"schedule": ScheduleSettings(**schedule)})
+
+
+def fixed(at: datetime) -> Callable[[], datetime]:
+    return lambda: at
+
+
+@pytest.fixture
+def make_daemon(engine: sa.Engine) -> Iterator[Callable[..., Daemon]]:
+    made: list[Daemon] = []
+
+    def make(settings: Settings, at: datetime, eng: sa.Engine = engine) -> Daemon:
+        made.append(Daemon(eng, settings, clock=fixed(at)))
+        return made[-1]
+
+    yield make
+    for daemon in made:
+        daemon.close()
+
+
+def runs(engine: sa.Engine) -> list[dict]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT * FROM gc_runs ORDER BY started_at")).mappings()
+        return [dict(r) for r in rows]
+
+
+def seed(engine: sa.Engine, users: int = 3) -> None:
+    """Each user: one expired row (ttl_expiry) and one fresh row."""
+    for i in range(users):
+        user = f"user-{i:03d}"
+        add(engine, user, "expired", expires_at=days_ago(1), importance_assessed_at=NOW)
+        add(engine, user, "fresh", created_at=days_ago(1), importance_assessed_at=NOW)
+
+
+class TestNightlyTrigger:
+    def test_default_cron_fires_at_three_utc(self):
+        """The default schedule's next fire time is 03:00 UTC, inclusive of 03:00:00 itself."""
+        trigger = scheduler.nightly_trigger(ScheduleSettings())
+        fire = trigger.get_next_fire_time(None, SLOT - timedelta(seconds=1))
+        assert fire == SLOT and fire.utcoffset() == timedelta(0)
+        assert trigger.get_next_fire_time(None, SLOT) == SLOT
+        assert trigger.get_next_fire_time(None, SLOT + timedelta(seconds=1)) == SLOT + timedelta(
+            days=1
+        )
+
+    def test_timezone_shifts_the_fire_time(self):
+        """03:00 in Europe/Berlin is 01:00 UTC in summer."""
+        trigger = scheduler.nightly_trigger(ScheduleSettings(timezone="Europe/Berlin"))
+        fire = trigger.get_next_fire_time(None, datetime(2026, 6, 1, 0, 0, tzinfo=UTC))
+        assert fire.astimezone(UTC) == datetime(2026, 6, 1, 1, 0, tzinfo=UTC)
+
+    @pytest.mark.parametrize("weekday", ["0", "7", "sun"])
+    def test_crontab_weekday_zero_is_sunday(self, weekday):
+        """Weekday 0 (and 7) is Sunday as in crontab, not Monday as in APScheduler 3."""
+        trigger = scheduler.nightly_trigger(ScheduleSettings(cron=f"0 3 * * {weekday}"))
+        fire = trigger.get_next_fire_time(None, SLOT)
+        assert fire == datetime(2026, 6, 7, 3, 0, tzinfo=UTC)
+
+    def test_crontab_weekday_ranges_and_steps(self):
+        """1-5 is Monday to Friday; */2 is Sunday, Tuesday, Thursday, Saturday."""
+        assert scheduler.crontab_weekdays("1-5") == "mon,tue,wed,thu,fri"
+        assert scheduler.crontab_weekdays("*/2") == "sun,tue,thu,sat"
+        assert scheduler.crontab_weekdays("mon-fri,0") == "mon-fri,sun"
+
+    @pytest.mark.parametrize(
+        ("cron", "timezone"), [("0 3 * *", "UTC"), ("0 27 * * *", "UTC"), ("0 3 * * *", "Mars/X")]
+    )
+    def test_bad_cron_or_timezone_is_a_config_error(self, cron, timezone):
+        """A cron with the wrong fields or an unknown timezone is refused with an example."""
+        with pytest.raises(ConfigError, match="0 3"):
+            scheduler.nightly_trigger(ScheduleSettings(cron=cron, timezone=timezone))
+
+
+class TestDueSlot:
+    trigger = scheduler.nightly_trigger(ScheduleSettings())
+
+    def test_slot_is_due_at_its_fire_time(self):
+        """At 03:00:00 the 03:00 slot is due."""
+        assert scheduler.due_slot(self.trigger, SLOT, GRACE) == SLOT
+
+    def test_missed_slot_just_inside_the_grace_is_due(self):
+        """Exactly misfire_grace_seconds late, the slot still runs."""
+        assert scheduler.due_slot(self.trigger, SLOT + timedelta(seconds=GRACE), GRACE) == SLOT
+
+    def test_missed_slot_just_outside_the_grace_is_not_due(self):
+        """One second past the grace, the slot is skipped until the next night."""
+        assert scheduler.due_slot(self.trigger, SLOT + timedelta(seconds=GRACE + 1), GRACE) is None
+
+    def test_before_the_first_fire_time_nothing_is_due(self):
+        """At 02:59:59 yesterday's slot is long past its grace and today's is not yet due."""
+        assert scheduler.due_slot(self.trigger, SLOT - timedelta(seconds=1), GRACE) is None
+
+    def test_several_missed_slots_coalesce_into_the_latest(self):
+        """After three days down with a long grace, only the latest slot runs."""
+        now = SLOT + timedelta(days=3, minutes=30)
+        assert scheduler.due_slot(self.trigger, now, 4 * 86400) == SLOT + timedelta(days=3)
+
+    def test_slot_key_is_the_utc_fire_time(self):
+        """The slot name is the fire time in UTC, whatever the trigger's timezone."""
+        berlin = SLOT.astimezone(
+            scheduler.nightly_trigger(ScheduleSettings(timezone="Europe/Berlin")).timezone
+        )
+        assert scheduler.slot_key(berlin) == "nightly:2026-06-01T03:00:00+00:00"
+
+
+class TestNightlyRun:
+    def test_trigger_at_three_runs_the_slot(self, engine, settings, make_daemon):
+        """At 03:00 the daemon runs the slot once: apply mode, now = the fire time."""
+        seed(engine)
+        run_id = make_daemon(settings, SLOT).nightly()
+        (run,) = runs(engine)
+        assert run["id"] == run_id and run["slot"] == "nightly:2026-06-01T03:00:00+00:00"
+        assert (run["status"], run["mode"], run["trigger"]) == ("completed", "apply", "nightly")
+        assert run["now"] == SLOT
+
+    def test_missed_window_within_grace_runs_once(self, engine, settings, make_daemon):
+        """A daemon (re)started 59:59 late runs the slot; a second restart does not run it again."""
+        seed(engine)
+        late = SLOT + timedelta(seconds=GRACE - 1)
+        first = make_daemon(settings, late).nightly()
+        again = make_daemon(settings, late + timedelta(seconds=1)).nightly()
+        assert first is not None and again == first
+        assert len(runs(engine)) == 1
+        (count,) = execute(engine, "SELECT count(*) FROM gc_actions").one()
+        assert count == 3  # one expired row per user, once
+
+    def test_missed_window_outside_grace_does_not_run(self, engine, settings, make_daemon):
+        """A daemon started one second past the grace does not run the missed slot."""
+        seed(engine)
+        assert make_daemon(settings, SLOT + timedelta(seconds=GRACE + 1)).nightly() is None
+        assert runs(engine) == []
+
+    def test_overlapping_triggers_make_one_run(self, engine, database_url, settings, make_daemon):
+        """Two replicas firing on the same slot at the same moment share one run, once."""
+        seed(engine, users=40)
+        small = settings.model_copy(update={"run": RunSettings(batch_users=2)})
+        other = gc_engine_for(database_url)
+        daemons = [make_daemon(small, SLOT), make_daemon(small, SLOT, other)]
+        results = run_together([d.nightly for d in daemons])
+        other.dispose()
+        assert results[0] == results[1] and len(runs(engine)) == 1
+        rows = execute(
+            engine,
+            "SELECT count(*), count(DISTINCT memory_id) FROM gc_actions WHERE run_id = :r",
+            r=results[0],
+        ).one()
+        assert tuple(rows) == (40, 40)
+        (pending,) = execute(
+            engine, "SELECT count(*) FROM gc_run_batches WHERE state <> 'done'"
+        ).one()
+        assert pending == 0
+
+    def test_replica_losing_the_insert_race_joins_the_winner(self, engine, settings):
+        """A replica whose slot insert waits on another's uncommitted one joins that run."""
+        seed(engine)
+        slot, winner = scheduler.slot_key(SLOT), gc_engine.uuid4()
+        result: list[object] = []
+        with engine.connect() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO gc_runs (id, mode, trigger, now, jobs, slot)"
+                    " VALUES (:id, 'apply', 'nightly', :now, '{}', :slot)"
+                ),
+                {"id": winner, "now": SLOT, "slot": slot},
+            )
+            loser = threading.Thread(
+                target=lambda: result.append(scheduler.nightly_run(engine, settings, SLOT))
+            )
+            loser.start()
+            time.sleep(0.3)  # the loser now waits on gc_runs_slot_key
+            assert loser.is_alive()
+            conn.commit()
+        loser.join(10)
+        assert result == [(winner, False)] and len(runs(engine)) == 1
+
+    def test_empty_store_completes_an_empty_run(self, engine, settings, make_daemon):
+        """With no memories the slot's run has no batch and completes."""
+        make_daemon(settings, SLOT).nightly()
+        assert [r["status"] for r in runs(engine)] == ["completed"]
+
+
+def gc_engine_for(url: str) -> sa.Engine:
+    from gc_worker import db
+
+    return db.make_engine(url)
+
+
+def run_together(units: list[Callable[[], object]]) -> list[object]:
+    """Start every unit in its own thread at the same instant; their results in order."""
+    barrier = threading.Barrier(len(units))
+    results: list[object] = [None] * len(units)
+    errors: list[BaseException] = []
+
+    def go(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = units[i]()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(units))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    return results
+
+
+class TestScheduler:
+    def test_jobs_are_configured_from_settings(self, engine, settings, make_daemon):
+        """The nightly job coalesces, runs one instance at a time, with the configured grace."""
+        daemon = make_daemon(with_schedule(settings, misfire_grace_seconds=900), SLOT)
+        background = build_scheduler(daemon)
+        job = background.get_job("nightly")
+        assert (job.coalesce, job.max_instances, job.misfire_grace_time) == (True, 1, 900)
+        assert job.trigger.get_next_fire_time(None, SLOT - timedelta(hours=1)) == SLOT
+
+    def test_started_scheduler_catches_up_the_due_slot(self, engine, settings, make_daemon):
+        """Started at 03:20 (fake clock), the scheduler's start-up firing runs the 03:00 slot."""
+        seed(engine)
+        daemon = make_daemon(settings, SLOT + timedelta(minutes=20))
+        background = build_scheduler(daemon)
+        background.start()
+        try:
+            assert wait_for(lambda: [r["status"] for r in runs(engine)] == ["completed"])
+        finally:
+            background.shutdown(wait=True)
+        assert runs(engine)[0]["slot"] == scheduler.slot_key(SLOT)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+class TestPlanThenApply:
+    @pytest.fixture
+    def review(self, settings):
+        return with_schedule(settings, mode="plan_then_apply", apply_delay_minutes=60)
+
+    def plan(self, engine, review, make_daemon):
+        seed(engine, users=1)
+        expired = execute(engine, "SELECT id FROM memories WHERE content = 'expired'").scalar()
+        plan_id = make_daemon(review, SLOT).nightly()
+        (run,) = runs(engine)
+        return plan_id, run["finished_at"], expired
+
+    def test_nightly_run_is_a_dry_run(self, engine, review, make_daemon):
+        """In plan_then_apply mode the nightly run writes a plan and changes nothing."""
+        _, _, expired = self.plan(engine, review, make_daemon)
+        assert runs(engine)[0]["mode"] == "dry_run" and status(engine, expired) == "active"
+
+    def test_plan_is_applied_after_the_delay(self, engine, review, make_daemon):
+        """The plan applies at finished_at + 60 min, not one second before."""
+        plan_id, finished, expired = self.plan(engine, review, make_daemon)
+        early = make_daemon(review, finished + timedelta(minutes=60) - timedelta(seconds=1))
+        assert early.apply_due_plans() == []
+        on_time = make_daemon(review, finished + timedelta(minutes=60))
+        (apply_id,) = on_time.apply_due_plans()
+        assert status(engine, expired) == "deleted"
+        plan, applied = runs(engine)
+        assert plan["applied_by"] == apply_id and applied["plan_run_id"] == plan_id
+        assert (applied["trigger"], applied["status"]) == ("nightly_apply", "completed")
+        assert on_time.apply_due_plans() == []
+
+    def test_rejected_plan_is_never_applied(self, engine, review, make_daemon):
+        """`memory-gc reject RUN_ID` stops the apply; the plan's rows stay as they are."""
+        plan_id, finished, expired = self.plan(engine, review, make_daemon)
+        scheduler.reject_plan(engine, plan_id)
+        assert make_daemon(review, finished + timedelta(days=1)).apply_due_plans() == []
+        assert status(engine, expired) == "active" and runs(engine)[0]["status"] == "rejected"
+
+    def test_two_replicas_apply_a_plan_once(self, engine, database_url, review, make_daemon):
+        """Replicas that find the same due plan make one apply run between them."""
+        _, finished, _ = self.plan(engine, review, make_daemon)
+        other = gc_engine_for(database_url)
+        late = finished + timedelta(hours=2)
+        daemons = [make_daemon(review, late), make_daemon(review, late, other)]
+        results = run_together([d.apply_due_plans for d in daemons])
+        other.dispose()
+        assert len({r for res in results for r in res}) == 1 and len(runs(engine)) == 2
+
+
+class TestReject:
+    def test_reject_twice_is_refused(self, engine, settings, make_daemon):
+        """A plan already rejected cannot be rejected again (exit 2 with its status)."""
+        seed(engine, users=1)
+        plan_id = gc_engine.run_once(engine, settings, request(dry_run=True))
+        scheduler.reject_plan(engine, plan_id)
+        with pytest.raises(UsageError, match="rejected"):
+            scheduler.reject_plan(engine, plan_id)
+
+    def test_applied_plan_cannot_be_rejected(self, engine, settings):
+        """Rejecting an applied plan says which run applied it and how to undo it."""
+        seed(engine, users=1)
+        plan_id = gc_engine.run_once(engine, settings, request(dry_run=True))
+        apply_id = gc_engine.apply_plan(engine, plan_id)
+        with pytest.raises(UsageError, match=f"restore --run {apply_id}"):
+            scheduler.reject_plan(engine, plan_id)
+
+    def test_apply_run_cannot_be_rejected(self, engine, settings):
+        """Only a dry run is a plan."""
+        seed(engine, users=1)
+        run_id = gc_engine.run_once(engine, settings, request(dry_run=False))
+        with pytest.raises(UsageError, match="not a dry run"):
+            scheduler.reject_plan(engine, run_id)
+
+    def test_cli_reject(self, engine, settings, cli_env, capsys):
+        """`memory-gc reject` exits 0 for a plan, 2 for an unknown run id."""
+        seed(engine, users=1)
+        plan_id = gc_engine.run_once(engine, settings, request(dry_run=True))
+        assert cli.main(["reject", str(plan_id)]) == 0
+        assert "rejected" in capsys.readouterr().out
+        assert cli.main(["reject", "00000000-0000-0000-0000-000000000000"]) == 2
+        assert "no run with id" in capsys.readouterr().err
+
+    def test_unknown_run_is_not_found(self, engine):
+        """Rejecting a run that does not exist is a NotFoundError."""
+        with pytest.raises(NotFoundError):
+            scheduler.reject_plan(engine, gc_engine.uuid4())
+
+
+def request(*, dry_run: bool) -> gc_engine.RunRequest:
+    jobs = gc_engine.resolve_jobs([], Settings())
+    return gc_engine.RunRequest(mode="dry_run" if dry_run else "apply", now=NOW, jobs=jobs)
+
+
+class TestScheduleCommand:
+    def test_once_due_runs_the_slot_and_exits_zero(self, engine, cli_env):
+        """`schedule --once-due --now` runs the slot due at that instant and exits 0."""
+        seed(engine)
+        at = (SLOT + timedelta(minutes=5)).isoformat()
+        assert cli.main(["schedule", "--once-due", "--now", at]) == 0
+        assert [(r["slot"], r["status"]) for r in runs(engine)] == [
+            (scheduler.slot_key(SLOT), "completed")
+        ]
+
+    def test_now_without_once_due_is_refused(self, cli_env, capsys):
+        """A fixed clock only makes sense for one pass (exit 2)."""
+        assert cli.main(["schedule", "--now", SLOT.isoformat()]) == 2
+        assert "--once-due" in capsys.readouterr().err
+
+    def test_bad_metrics_port_is_refused(self, cli_env, capsys):
+        """A port outside 0-65535 is a usage error."""
+        assert cli.main(["schedule", "--once-due", "--metrics-port", "70000"]) == 2
+        assert "not a port" in capsys.readouterr().err
+
+    def test_bad_cron_is_a_config_error(self, cli_env, monkeypatch, capsys):
+        """An invalid schedule.cron stops the daemon before it starts (exit 2)."""
+        monkeypatch.setenv("MEMORY_GC_SCHEDULE__CRON", "0 3 * *")
+        assert cli.main(["schedule", "--once-due"]) == 2
+        assert "five fields" in capsys.readouterr().err

@@ -1,0 +1,182 @@
+"""Observability: Prometheus metrics and the health endpoint, scraped over HTTP."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx2
+import pytest
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+
+from gc_worker import sweeps
+from gc_worker.config import LLMSettings, Runtime, Settings
+from gc_worker.daemon import Daemon
+from gc_worker.llm_store import open_run_llm
+from gc_worker.metrics import serve_http
+from tests.store import NOW, add, days_ago, execute
+
+SLOT = datetime(2026, 6, 1, 3, 0, tzinfo=UTC)
+BASE_URL = "http://llm.test/v1"
+
+
+def scores_reply(request: httpx2.Request) -> httpx2.Response:
+    """An importance answer scoring the single memory of the batch 4."""
+    content = json.dumps({"scores": [{"index": 0, "score": 4}]})
+    message = {"role": "assistant", "content": content, "refusal": None}
+    body = {
+        "id": "chatcmpl-test", "object": "chat.completion", "created": 1_700_000_000,
+        "model": "gpt-4.1-mini",
+        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None, "message": message}],
+        "usage": {"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55},
+    }  # fmt: skip
+    return httpx2.Response(200, json=body)
+
+
+class LLMServer:
+    """Answers the first chat request, fails every later one with a 500."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        self.calls += 1
+        if self.calls == 1:
+            return scores_reply(request)
+        return httpx2.Response(500, json={"error": {"message": "boom", "type": "server_error"}})
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a /metrics page, keyed by name and sorted labels."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture
+def endpoint(engine: sa.Engine, settings: Settings, tmp_path: Path) -> Iterator[tuple[Daemon, str]]:
+    """A daemon whose LLM is a fake server at the HTTP boundary, and its metrics URL."""
+    runtime = Runtime(data_dir=tmp_path, openai_api_key="test-key", openai_base_url=BASE_URL)
+    llm_settings = settings.model_copy(update={"llm": LLMSettings(max_retries=0)})
+    server = LLMServer()
+
+    def llm():
+        client = httpx2.Client(transport=httpx2.MockTransport(server))
+        return open_run_llm(llm_settings, runtime, engine, http_client=client)
+
+    daemon = Daemon(engine, llm_settings, clock=lambda: SLOT, llm_factory=llm)
+    http = serve_http(daemon.metrics, daemon.health, "127.0.0.1", 0)
+    yield daemon, f"http://127.0.0.1:{http.server_port}"
+    http.shutdown()
+    http.server_close()
+    daemon.close()
+
+
+def sample(metrics: dict, name: str, **labels: str) -> float | None:
+    return metrics.get((name, tuple(sorted(labels.items()))))
+
+
+class TestMetricsEndpoint:
+    def test_nightly_run_shows_in_the_metrics(self, engine, endpoint):
+        """After a nightly run the scrape has its actions, run, duration, last success, LLM use."""
+        daemon, url = endpoint
+        for user in ("alice", "bob"):
+            add(engine, user, "expired", expires_at=days_ago(1), importance_assessed_at=NOW)
+            add(engine, user, "never assessed", created_at=days_ago(1))
+        run_id = daemon.nightly()
+        metrics = scrape(url + "/metrics")
+        actions = "memory_gc_actions_total"
+        assert (
+            sample(metrics, actions, job="ttl_expiry", action="soft_delete", outcome="applied") == 2
+        )
+        assert (
+            sample(metrics, actions, job="importance", action="set_importance", outcome="applied")
+            == 1
+        )
+        assert sample(metrics, actions, job="importance", action="deferred", outcome="applied") == 1
+        assert sample(metrics, "memory_gc_batches_total", trigger="nightly") == 1
+        assert (
+            sample(
+                metrics, "memory_gc_runs_total", trigger="nightly", mode="apply", status="completed"
+            )
+            == 1
+        )
+        assert (
+            sample(metrics, "memory_gc_run_duration_seconds_count", trigger="nightly", mode="apply")
+            == 1
+        )
+        finished = execute(
+            engine, "SELECT finished_at FROM gc_runs WHERE id = :r", r=run_id
+        ).scalar()
+        last = sample(metrics, "memory_gc_last_success_timestamp_seconds", trigger="nightly")
+        assert last == pytest.approx(finished.timestamp())
+        assert sample(metrics, "memory_gc_llm_calls_total") == 2
+        assert sample(metrics, "memory_gc_llm_errors_total", kind="error") == 1
+
+    def test_a_second_participation_does_not_count_batches_again(self, engine, endpoint):
+        """Joining a completed slot again adds nothing to the counters."""
+        daemon, url = endpoint
+        add(engine, "alice", "expired", expires_at=days_ago(1), importance_assessed_at=NOW)
+        daemon.nightly()
+        daemon.nightly()
+        metrics = scrape(url + "/metrics")
+        assert sample(metrics, "memory_gc_batches_total", trigger="nightly") == 1
+        assert (
+            sample(
+                metrics, "memory_gc_runs_total", trigger="nightly", mode="apply", status="completed"
+            )
+            == 1
+        )
+
+    def test_sweeps_are_counted(self, engine, endpoint):
+        """Finished sweeps are counted by outcome."""
+        daemon, url = endpoint
+        add(engine, "alice", "expired", expires_at=days_ago(1), importance_assessed_at=NOW)
+        sweeps.request_sweep(engine, "alice")
+        execute(engine, "INSERT INTO gc_sweep_requests (user_id) VALUES ('ghost')")
+        while daemon.sweep_next():
+            pass
+        metrics = scrape(url + "/metrics")
+        assert sample(metrics, "memory_gc_sweep_requests_total", status="done") == 1
+        assert sample(metrics, "memory_gc_sweep_requests_total", status="failed") == 1
+        assert sample(metrics, "memory_gc_runs_total", trigger="sweep", mode="apply",
+                      status="completed") == 1  # fmt: skip
+
+
+class TestHealth:
+    def test_healthy_until_stopping(self, endpoint):
+        """/healthz is 200 while the daemon runs and 503 once it is stopping."""
+        daemon, url = endpoint
+        code, body = get(url + "/healthz")
+        assert code == 200 and json.loads(body)["status"] == "ok"
+        daemon.request_stop()
+        code, body = get(url + "/healthz")
+        assert code == 503 and json.loads(body)["stopping"] is True
+
+    def test_stalled_loop_is_unhealthy(self, endpoint):
+        """A sweep loop that has not turned for longer than the limit is reported unhealthy."""
+        daemon, url = endpoint
+        daemon.last_loop -= 61
+        assert get(url + "/healthz")[0] == 503
+
+    def test_unknown_path_is_404(self, endpoint):
+        """Anything else is 404 with a hint."""
+        code, body = get(url := endpoint[1] + "/nope")
+        assert code == 404 and "/metrics" in body, url

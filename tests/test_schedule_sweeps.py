@@ -1,0 +1,244 @@
+"""On-demand sweeps: the request row, claiming, lease, NOTIFY pick-up, one user only."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+
+import pytest
+import sqlalchemy as sa
+
+from gc_worker import cli, sweeps
+from gc_worker.config import ScheduleSettings, Settings
+from gc_worker.daemon import Daemon, listen_dsn
+from gc_worker.errors import NotFoundError
+from gc_worker.queries import q
+from tests.store import NOW, add, days_ago, execute, status
+
+NOON = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)  # no nightly slot is due
+
+
+@pytest.fixture
+def daemon(engine: sa.Engine, settings: Settings) -> Iterator[Daemon]:
+    d = Daemon(engine, settings, clock=lambda: NOW)
+    yield d
+    d.close()
+
+
+def expired(engine: sa.Engine, user: str) -> object:
+    add(engine, user, "fresh", importance_assessed_at=NOW)
+    return add(engine, user, "expired", expires_at=days_ago(1), importance_assessed_at=NOW)
+
+
+def request_row(engine: sa.Engine, request_id: int) -> dict:
+    row = sweeps.get_sweep(engine, request_id)
+    assert row is not None
+    return row
+
+
+class TestRequestSweep:
+    def test_unknown_user_is_refused(self, engine):
+        """A user without memories cannot be swept (NotFoundError: exit 2)."""
+        with pytest.raises(NotFoundError, match="nobody"):
+            sweeps.request_sweep(engine, "nobody")
+
+    def test_cli_exit_codes(self, engine, cli_env, capsys):
+        """`memory-gc request-sweep` prints the queued id (exit 0), an unknown user exits 2."""
+        expired(engine, "alice")
+        assert cli.main(["request-sweep", "alice", "--dry-run"]) == 0
+        assert "dry-run sweep request 1 queued for user alice" in capsys.readouterr().out
+        assert request_row(engine, 1)["dry_run"] is True
+        assert cli.main(["request-sweep", "bob"]) == 2
+        assert "no memories for user 'bob'" in capsys.readouterr().err
+
+
+class TestServeSweep:
+    def test_sweep_runs_for_that_user_only(self, engine, daemon):
+        """The sweep applies to the requested user; another user's expired row is untouched."""
+        alice, bob = expired(engine, "alice"), expired(engine, "bob")
+        request_id = sweeps.request_sweep(engine, "alice")
+        assert daemon.sweep_next() is True and daemon.sweep_next() is False
+        row = request_row(engine, request_id)
+        assert (row["status"], row["attempts"], row["error"]) == ("done", 1, None)
+        assert (status(engine, alice), status(engine, bob)) == ("deleted", "active")
+        run = execute(engine, "SELECT * FROM gc_runs WHERE id = :r", r=row["run_id"]).one()
+        assert (run.users, run.trigger, run.mode, run.status) == (
+            ["alice"],
+            "sweep",
+            "apply",
+            "completed",
+        )
+
+    def test_dry_run_sweep_changes_nothing(self, engine, daemon):
+        """A dry-run request writes a plan for the user and leaves the rows."""
+        alice = expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice", dry_run=True)
+        daemon.sweep_next()
+        row = request_row(engine, request_id)
+        mode = execute(engine, "SELECT mode FROM gc_runs WHERE id = :r", r=row["run_id"]).scalar()
+        assert (row["status"], mode, status(engine, alice)) == ("done", "dry_run", "active")
+
+    def test_application_inserted_row_is_served(self, engine, daemon):
+        """A row the application inserts itself, with only user_id, is served like the CLI's."""
+        alice = expired(engine, "alice")
+        request_id = execute(
+            engine, "INSERT INTO gc_sweep_requests (user_id) VALUES ('alice') RETURNING id"
+        ).scalar()
+        daemon.sweep_next()
+        assert request_row(engine, request_id)["status"] == "done"
+        assert status(engine, alice) == "deleted"
+
+    def test_user_gone_since_the_request_fails_it(self, engine, daemon):
+        """A request for a user with no memories left fails with the reason, and is not retried."""
+        request_id = execute(
+            engine, "INSERT INTO gc_sweep_requests (user_id) VALUES ('ghost') RETURNING id"
+        ).scalar()
+        assert daemon.sweep_next() is True and daemon.sweep_next() is False
+        row = request_row(engine, request_id)
+        assert row["status"] == "failed" and "no memories for user(s) 'ghost'" in row["error"]
+
+    def test_requests_are_served_oldest_first(self, engine, daemon):
+        """Two pending requests are served in the order they were made."""
+        expired(engine, "alice"), expired(engine, "bob")
+        first = sweeps.request_sweep(engine, "bob")
+        second = sweeps.request_sweep(engine, "alice")
+        daemon.sweep_next()
+        assert request_row(engine, first)["status"] == "done"
+        assert request_row(engine, second)["status"] == "pending"
+
+
+class TestLease:
+    def claim_and_die(self, engine, lease_age: float) -> sweeps.SweepClaim:
+        """Claim a request as a daemon that then dies; its claim is lease_age seconds old."""
+        claim = sweeps.claim_sweep(engine, worker="dead:1", lease_seconds=300)
+        assert claim is not None
+        execute(
+            engine,
+            "UPDATE gc_sweep_requests SET claimed_at = clock_timestamp()"
+            " - make_interval(secs => :age) WHERE id = :id",
+            age=lease_age,
+            id=claim.id,
+        )
+        return claim
+
+    def test_claim_just_inside_the_lease_is_left_alone(self, engine, daemon):
+        """A claim younger than lease_seconds belongs to its daemon."""
+        expired(engine, "alice")
+        sweeps.request_sweep(engine, "alice")
+        self.claim_and_die(engine, 290)
+        assert daemon.sweep_next() is False
+
+    def test_claim_past_the_lease_is_taken_over(self, engine, daemon):
+        """A claim older than lease_seconds is claimed again and served."""
+        alice = expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        self.claim_and_die(engine, 301)
+        assert daemon.sweep_next() is True
+        row = request_row(engine, request_id)
+        assert (row["status"], row["attempts"]) == ("done", 2)
+        assert status(engine, alice) == "deleted"
+
+    def test_takeover_joins_the_run_the_dead_daemon_started(self, engine, settings, daemon):
+        """When the dead daemon had started the run, the new claimer finishes that run."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        claim = self.claim_and_die(engine, 301)
+        first_run = daemon._sweep_run(claim)  # the dead daemon got this far
+        daemon.sweep_next()
+        row = request_row(engine, request_id)
+        assert (row["status"], row["run_id"]) == ("done", first_run)
+        assert execute(engine, "SELECT count(*) FROM gc_runs").scalar() == 1
+
+    def test_too_many_attempts_fail_the_request(self, engine, daemon):
+        """A request whose daemons died MAX_ATTEMPTS times is failed, not retried forever."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        for _ in range(sweeps.MAX_ATTEMPTS):
+            self.claim_and_die(engine, 301)
+        daemon.sweep_next()
+        row = request_row(engine, request_id)
+        assert row["status"] == "failed" and "gave up after 3 attempts" in row["error"]
+
+    def test_stopping_daemon_hands_the_request_back(self, engine, daemon):
+        """A daemon told to stop before its sweep's batch releases the request as pending."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        daemon.request_stop()
+        daemon.sweep_next()
+        row = request_row(engine, request_id)
+        assert (row["status"], row["claimed_by"], row["attempts"]) == ("pending", None, 0)
+        assert row["run_id"] is not None  # the next daemon joins this run
+
+
+class TestPickUp:
+    def test_notify_wakes_the_listener(self, engine, daemon):
+        """An inserted request wakes a LISTENing daemon well before a 10 s poll would."""
+        expired(engine, "alice")
+        listener = sweeps.SweepListener(listen_dsn(engine), daemon._wake_r)
+        try:
+            listener.wait(0)  # connected and listening
+            timer = threading.Timer(0.2, lambda: sweeps.request_sweep(engine, "alice"))
+            timer.start()
+            started = time.monotonic()
+            assert listener.wait(10) is True
+            assert time.monotonic() - started < 2
+            timer.join()  # its connection is back in the pool before the engine is disposed
+        finally:
+            listener.close()
+
+    def test_stop_wakes_the_listener(self, engine, daemon):
+        """request_stop interrupts the wait at once."""
+        listener = sweeps.SweepListener(listen_dsn(engine), daemon._wake_r)
+        try:
+            threading.Timer(0.2, daemon.request_stop).start()
+            started = time.monotonic()
+            assert listener.wait(10) is False
+            assert time.monotonic() - started < 2
+        finally:
+            listener.close()
+
+    def test_running_daemon_serves_a_request_within_seconds(self, engine, settings):
+        """`serve` picks up a request by NOTIFY (poll 30 s) and returns promptly on stop."""
+        slow_poll = settings.model_copy(update={"schedule": ScheduleSettings(poll_seconds=30)})
+        daemon = Daemon(engine, slow_poll, clock=lambda: NOON)
+        alice = expired(engine, "alice")
+        thread = threading.Thread(target=daemon.serve)
+        thread.start()
+        try:
+            time.sleep(0.5)  # listening
+            request_id = sweeps.request_sweep(engine, "alice")
+            assert wait_for(lambda: request_row(engine, request_id)["status"] == "done", 5)
+            assert status(engine, alice) == "deleted"
+        finally:
+            stopped = time.monotonic()
+            daemon.request_stop()
+            thread.join(10)
+            daemon.close()
+        assert not thread.is_alive() and time.monotonic() - stopped < 5
+
+
+class TestOneBatchPerUser:
+    def test_sweep_waits_for_a_batch_holding_the_user(self, engine, daemon):
+        """While another batch transaction holds a user, a sweep of that user waits for it."""
+        alice = expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        with engine.connect() as other_batch:
+            other_batch.execute(q("lock_batch_users"), {"users": ["bob", "alice"]})
+            thread = threading.Thread(target=daemon.sweep_next)
+            thread.start()
+            time.sleep(0.5)
+            assert thread.is_alive() and status(engine, alice) == "active"
+            other_batch.rollback()
+        thread.join(10)
+        assert request_row(engine, request_id)["status"] == "done"
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
