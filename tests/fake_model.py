@@ -9,7 +9,8 @@
   ids or indexes that were not asked about;
 - ``obey``: a model that follows instructions found in the memory text and answers with
   *other* memories' ids (``foreign_ids``) to get them deleted;
-- ``down``: HTTP 503 on every call; ``timeout``: the read times out on every call.
+- ``down``: HTTP 503 on every call; ``timeout``: the read times out on every call;
+- ``flaky``: every other request is a 503 (a retry gets the good answer).
 
 ``fake_port(engine, settings, model)`` builds the real ``LLMPort`` over it, with the Postgres
 decision cache, the run's budget options and no backoff sleep between retries.
@@ -33,7 +34,7 @@ from gc_worker.llm_store import PostgresDecisionCache
 from tests.test_llm_port import chat_reply, data_block, embeddings_reply, error_reply
 
 BASE_URL = "http://llm.test/v1"
-BEHAVIOURS = ("good", "garbage", "obey", "down", "timeout")
+BEHAVIOURS = ("good", "garbage", "obey", "down", "timeout", "flaky")
 
 
 def hashed_vector(text: str, dim: int) -> list[float]:
@@ -86,7 +87,7 @@ class FakeModel:
         kind = "embed" if request.url.path.endswith("/embeddings") else _schema_name(body)
         self.calls[kind] += 1
         self.bodies.append(body)
-        if self.behaviour == "down":
+        if self.behaviour == "down" or (self.behaviour == "flaky" and len(self.bodies) % 2):
             return error_reply(503)
         if self.behaviour == "timeout":
             raise httpx2.ReadTimeout("the model did not answer in time", request=request)

@@ -1,0 +1,328 @@
+"""Injected faults: a run aborted between batches or inside a batch's transaction, the database
+connection killed or the server restarted mid-batch, the LLM down, slow, flaky or talking
+garbage. After each, nothing of the interrupted batch is applied, the run says it failed, and
+the next run reaches the same end state as an undisturbed run on an identical copy ("twin").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+from uuid import UUID
+
+import pytest
+import sqlalchemy as sa
+import structlog
+
+import jobs
+from gc_worker import audit
+from gc_worker import execute as executor
+from gc_worker.config import Settings
+from gc_worker.errors import DatabaseUnavailable
+from tests.fake_model import FakeModel, fake_port
+from tests.seeding import (
+    Reusable,
+    end_state,
+    full_snapshot,
+    lifecycle_rows,
+    reusable_database,
+    row,
+    seed,
+    state_diff,
+)
+from tests.store import run
+from tests.strategies import BASES
+
+USERS = ("u1 'quoted'", "u2 ユーザー", "u3; DROP")
+BATCHED = Settings.model_validate({"embeddings": {"dim": 8}, "run": {"batch_users": 1}})
+
+
+class Injected(Exception):
+    """The fault a test injects."""
+
+
+@pytest.fixture(scope="module")
+def databases(pg_server, template_db) -> Iterator[tuple[Reusable, Reusable]]:
+    with (
+        reusable_database(pg_server, template_db, "faults") as first,
+        reusable_database(pg_server, template_db, "twin") as second,
+    ):
+        yield first, second
+
+
+@pytest.fixture
+def engine(databases) -> sa.Engine:
+    """The store a fault is injected into (emptied for each test)."""
+    return databases[0].fresh()
+
+
+@pytest.fixture
+def twin(databases) -> sa.Engine:
+    """An identical store for the undisturbed run."""
+    return databases[1].fresh()
+
+
+def seed_both(engine: sa.Engine, twin: sa.Engine, rows: list[dict[str, Any]]) -> set[UUID]:
+    seed(engine, rows)
+    seed(twin, rows)
+    return {r["id"] for r in rows}
+
+
+def failing_on(call_no: int, real: Callable[..., Any], fault: Callable[..., Any]) -> Callable:
+    """``real``, except that its ``call_no``-th call runs ``fault`` after it."""
+    calls = {"n": 0}
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        result = real(*args, **kwargs)
+        if calls["n"] == call_no:
+            fault(*args, **kwargs)
+        return result
+
+    return wrapper
+
+
+def raise_injected(*_: Any, **__: Any) -> None:
+    raise Injected("injected fault")
+
+
+def rows_of(snapshot: dict[UUID, dict[str, Any]], user: str) -> dict[UUID, dict[str, Any]]:
+    return {k: v for k, v in snapshot.items() if v["user_id"] == user}
+
+
+def run_state(engine: sa.Engine) -> tuple[str, str | None]:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT status, error FROM gc_runs ORDER BY started_at")).one()
+
+
+def batch_outcome(engine: sa.Engine) -> dict[int, tuple[str, int]]:
+    """batch_no → (state, audit rows) of the (only) run."""
+    query = (
+        "SELECT b.batch_no, b.state, count(a.id) FROM gc_run_batches b"
+        " LEFT JOIN gc_actions a ON a.run_id = b.run_id AND a.batch_no = b.batch_no"
+        " GROUP BY b.batch_no, b.state ORDER BY b.batch_no"
+    )
+    with engine.connect() as conn:
+        return {no: (state, n) for no, state, n in conn.execute(sa.text(query))}
+
+
+def check_interrupted(engine: sa.Engine, before: dict, failed_batch: int) -> None:
+    """Batches before the fault are done, the failed one and later ones left no trace."""
+    outcome = batch_outcome(engine)
+    assert [outcome[i][0] for i in sorted(outcome)] == [
+        "done" if i < failed_batch else "pending" for i in range(len(USERS))
+    ]
+    assert all(outcome[i][1] == 0 for i in outcome if i >= failed_batch)
+    after = full_snapshot(engine)
+    for user in sorted(USERS)[failed_batch:]:
+        assert rows_of(after, user) == rows_of(before, user), f"{user} half-applied"
+    assert run_state(engine)[0] == "failed"
+
+
+def converge(engine: sa.Engine, twin: sa.Engine, ids: set[UUID], settings: Settings) -> None:
+    """The next run on the disturbed store ends where one undisturbed run ends."""
+    assert run(engine, settings)["status"] == "completed"
+    run(twin, settings)
+    assert end_state(engine, ids) == end_state(twin, ids)
+
+
+class TestAbortBetweenBatches:
+    def test_failure_planning_the_second_batch(self, engine, twin, monkeypatch):
+        """Batch 1 commits, batch 2 fails while planning: its users are untouched, run failed."""
+        ids = seed_both(engine, twin, [r for u in USERS for r in lifecycle_rows(u)])
+        before = full_snapshot(engine)
+        plan = jobs.REGISTRY["hard_delete"].plan
+        monkeypatch.setattr(
+            jobs.REGISTRY["hard_delete"], "plan", failing_on(2, plan, raise_injected)
+        )
+        with pytest.raises(Injected):
+            run(engine, BATCHED)
+        check_interrupted(engine, before, failed_batch=1)
+        assert "Injected: injected fault" in run_state(engine)[1]
+        monkeypatch.undo()
+        converge(engine, twin, ids, BATCHED)
+
+    def test_log_context_does_not_leak_from_a_failed_batch(self, engine, monkeypatch):
+        """After a failed run no batch, user or job stays bound in the log context."""
+        seed(engine, lifecycle_rows("u1"))
+        monkeypatch.setattr(jobs.REGISTRY["ttl_expiry"], "plan", raise_injected)
+        with pytest.raises(Injected):
+            run(engine, BATCHED)
+        assert structlog.contextvars.get_contextvars() == {}
+
+
+INSIDE_BATCH = {
+    # after every memory update of the batch, before its audit rows
+    "audit": (audit, "record_outcome"),
+    # after the status updates, before the purge
+    "purge": (executor, "_purge"),
+    # after the actions and the audit, while the decay scores are refreshed
+    "refresh": (jobs.REGISTRY["decay"], "refresh"),
+}
+
+
+class TestAbortInsideBatch:
+    @pytest.mark.parametrize("point", sorted(INSIDE_BATCH))
+    def test_nothing_of_the_batch_is_applied(self, engine, twin, monkeypatch, point):
+        """A fault inside the second batch's transaction rolls all of that batch back."""
+        ids = seed_both(engine, twin, [r for u in USERS for r in lifecycle_rows(u)])
+        before = full_snapshot(engine)
+        owner, name = INSIDE_BATCH[point]
+        monkeypatch.setattr(owner, name, failing_on(2, getattr(owner, name), raise_injected))
+        with pytest.raises(Injected):
+            run(engine, BATCHED)
+        check_interrupted(engine, before, failed_batch=1)
+        monkeypatch.undo()
+        converge(engine, twin, ids, BATCHED)
+
+    def test_failed_apply_of_a_plan(self, engine, twin, monkeypatch):
+        """An apply that fails in batch 2 keeps batch 1; a fresh plan and apply then converge."""
+        from gc_worker import engine as gc_engine
+
+        ids = seed_both(engine, twin, [r for u in USERS for r in lifecycle_rows(u)])
+        plan = UUID(run(engine, BATCHED, dry_run=True)["run_id"])
+        monkeypatch.setattr(
+            audit, "record_outcome", failing_on(2, audit.record_outcome, raise_injected)
+        )
+        with pytest.raises(Injected):
+            gc_engine.apply_plan(engine, plan)
+        monkeypatch.undo()
+        fresh = UUID(run(engine, BATCHED, dry_run=True)["run_id"])
+        gc_engine.apply_plan(engine, fresh)
+        run(twin, BATCHED)
+        assert end_state(engine, ids) == end_state(twin, ids)
+
+
+def terminate_backend(conn: Any, *_: Any, **__: Any) -> None:
+    """Kill the batch's own server process from another connection (a crashed backend)."""
+    pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+    killer = sa.create_engine(conn.engine.url, poolclass=sa.pool.NullPool)
+    with killer.connect() as other:
+        other.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    killer.dispose()
+
+
+class TestDatabaseLost:
+    def test_backend_killed_mid_batch(self, engine, twin, monkeypatch):
+        """The batch's connection dies after its updates: DatabaseUnavailable, nothing kept."""
+        ids = seed_both(engine, twin, [r for u in USERS for r in lifecycle_rows(u)])
+        before = full_snapshot(engine)
+        monkeypatch.setattr(
+            executor, "_set_status", failing_on(2, executor._set_status, terminate_backend)
+        )
+        with pytest.raises(DatabaseUnavailable, match="connection failed mid-transaction"):
+            run(engine, BATCHED)
+        check_interrupted(engine, before, failed_batch=1)
+        monkeypatch.undo()
+        converge(engine, twin, ids, BATCHED)
+
+    @pytest.mark.slow
+    def test_server_restarted_mid_run(self, engine, twin, monkeypatch, pg_server):
+        """The server stops inside batch 2 and comes back after the run gave up: the run
+        ends with DatabaseUnavailable, and the next run converges."""
+        ids = seed_both(engine, twin, [r for u in USERS for r in lifecycle_rows(u)])
+        before = full_snapshot(engine)
+        monkeypatch.setattr(
+            executor,
+            "_set_status",
+            failing_on(2, executor._set_status, lambda *_, **__: pg_server.stop()),
+        )
+        try:
+            with pytest.raises(DatabaseUnavailable):
+                run(engine, BATCHED)
+        finally:
+            pg_server.ensure_postgres_running()
+        monkeypatch.undo()
+        outcome = batch_outcome(engine)
+        assert outcome[0][0] == "done" and outcome[1] == ("pending", 0)
+        after = full_snapshot(engine)
+        for user in sorted(USERS)[1:]:
+            assert rows_of(after, user) == rows_of(before, user)
+        # the run could not even be marked failed while the server was down
+        assert run_state(engine)[0] in ("running", "failed")
+        converge(engine, twin, ids, BATCHED)
+
+
+def llm_rows(user_id: str) -> list[dict[str, Any]]:
+    """Work only the LLM can do (scores, near duplicates, a similar pair), plus rules that do
+    not depend on it (a TTL, a purge), so runs with and without answers are comparable."""
+    near = [*BASES[1][:-1], 0.1]
+    never = {"importance_assessed_at": None}
+    return [
+        row(user_id, "Prefers morning meetings.", embedding=list(BASES[1]), **never),
+        row(user_id, "Likes meetings in the morning.", embedding=near, **never),
+        row(user_id, "Is vegetarian.", embedding=list(BASES[2]), **never),
+        row(user_id, "Eats meat on Sundays.", embedding=[*BASES[2][:-1], 0.2], **never),
+        row(user_id, "expired", expires_at=row(user_id, "x")["created_at"]),
+        row(
+            user_id,
+            "old deleted",
+            status="deleted",
+            status_reason="unused",
+            deleted_at=row(user_id, "x")["created_at"].replace(year=2025),
+        ),
+    ]
+
+
+LLM_SETTINGS = Settings.model_validate(
+    {
+        "embeddings": {"dim": 8},
+        "run": {"batch_users": 1},
+        "llm": {"max_retries": 1},
+        "compaction": {"similarity": 0.9},
+        "contradiction": {"similarity": 0.9},
+    }
+)
+
+
+def run_model(engine: sa.Engine, behaviour: str) -> tuple[dict[str, Any], FakeModel]:
+    model = FakeModel(behaviour)
+    with fake_port(engine, LLM_SETTINGS, model) as llm:
+        return run(engine, LLM_SETTINGS, llm=llm), model
+
+
+class TestLLMFaults:
+    @pytest.mark.parametrize("behaviour", ["down", "timeout", "garbage"])
+    def test_bad_model_changes_what_no_model_changes(self, engine, twin, behaviour):
+        """With the model failing, slow or talking garbage the run completes, counts errors,
+        and leaves exactly the state an offline run leaves."""
+        ids = seed_both(engine, twin, [r for u in USERS[:2] for r in llm_rows(u)])
+        report, model = run_model(engine, behaviour)
+        assert report["status"] == "completed" and sum(model.calls.values()) > 0
+        assert sum(job.get("errors", 0) for job in report["jobs"].values()) > 0
+        assert not {"set_importance", "create_merged", "obsolete"} & set(
+            report["totals"]["by_action"]
+        )
+        run(twin, LLM_SETTINGS)
+        assert end_state(engine, ids) == end_state(twin, ids)
+
+    @pytest.mark.parametrize("behaviour", ["down", "timeout", "garbage"])
+    def test_next_run_converges_once_the_model_answers(self, engine, twin, behaviour):
+        """After a run with a bad model, a run with a good one ends where a good run ends."""
+        ids = seed_both(engine, twin, [r for u in USERS[:2] for r in llm_rows(u)])
+        run_model(engine, behaviour)
+        report, _ = run_model(engine, "good")
+        assert {"set_importance", "create_merged"} <= set(report["totals"]["by_action"])
+        run_model(twin, "good")
+        diff = state_diff(end_state(engine, ids), end_state(twin, ids))
+        assert not diff, "\n".join(diff)
+
+    def test_a_flaky_model_is_retried_to_the_same_end(self, engine, twin):
+        """A 503 on every other request costs retries, not decisions: the end state is the one
+        a healthy model gives."""
+        ids = seed_both(engine, twin, [r for u in USERS[:2] for r in llm_rows(u)])
+        report, _ = run_model(engine, "flaky")
+        assert report["llm"]["retries"] > 0
+        assert sum(job.get("errors", 0) for job in report["jobs"].values()) == 0
+        run_model(twin, "good")
+        diff = state_diff(end_state(engine, ids), end_state(twin, ids))
+        assert not diff, "\n".join(diff)
+
+    def test_retries_are_bounded(self, engine):
+        """A dead model is asked at most 1 + max_retries times per question, then deferred."""
+        seed(engine, llm_rows("u1"))
+        report, model = run_model(engine, "down")
+        assert report["llm"]["calls"] <= sum(model.calls.values())
+        deferred = [a for a in report["actions"] if a["action"] == "deferred"]
+        assert deferred and {a["reason"] for a in deferred} == {"llm_unavailable"}
+        assert all(n <= 2 * len(deferred) for n in model.calls.values())
