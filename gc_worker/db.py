@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import sqlalchemy as sa
+import structlog
 from sqlalchemy.engine import Connection, Engine
 
 from gc_worker.config import Runtime
-from gc_worker.errors import DatabaseUnavailable
+from gc_worker.errors import DatabaseUnavailable, WriteConflict
 
 EMBEDDED_DB = "memory_gc"
+T = TypeVar("T")
+log = structlog.get_logger(__name__)
 _servers: dict[Path, Any] = {}
 
 
@@ -128,6 +131,31 @@ def transaction(engine: Engine) -> Iterator[Connection]:
         with engine.begin() as conn:
             yield conn
     except sa.exc.OperationalError as exc:
+        if _is_conflict(exc.orig):
+            raise WriteConflict(
+                f"a concurrent writer conflicted with this transaction ({exc.orig.sqlstate}: "
+                f"{str(exc.orig).splitlines()[0]}); it was rolled back whole and is safe to retry"
+            ) from None
         raise DatabaseUnavailable(
             f"the database connection failed mid-transaction: {exc.orig}"
         ) from None
+
+
+def _is_conflict(error: BaseException | None) -> bool:
+    """Deadlock, serialization failure (SQLSTATE class 40) or lock timeout (55P03): the
+    transaction was rolled back because of another writer, and can simply be run again."""
+    state = getattr(error, "sqlstate", None) or ""
+    return state.startswith("40") or state == "55P03"
+
+
+def retrying(attempts: int, work: Callable[[], T]) -> T:
+    """Run ``work`` (which opens its own transaction) again after a WriteConflict, up to
+    ``attempts`` times in all; the last conflict propagates."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return work()
+        except WriteConflict as exc:
+            if attempt == attempts:
+                raise
+            log.warning("db.write_conflict_retry", attempt=attempt, error=str(exc))
+    raise AssertionError("unreachable")

@@ -30,13 +30,16 @@ from gc_worker import audit
 from gc_worker.actions import Action
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
-from gc_worker.db import transaction
+from gc_worker.db import retrying, transaction
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.execute import execute
 from gc_worker.queries import q
 
 log = structlog.get_logger("memory_gc")
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+# A batch rolled back by a write conflict (deadlock, serialization failure) is claimed and
+# planned again from scratch; the worker itself waits on no row lock, so this is a backstop.
+BATCH_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -145,8 +148,8 @@ def process_run(
     if llm is not None:
         llm.begin_run()
     try:
-        while not (should_stop and should_stop()) and _process_next_batch(
-            engine, run, settings, llm
+        while not (should_stop and should_stop()) and retrying(
+            BATCH_ATTEMPTS, lambda: _process_next_batch(engine, run, settings, llm)
         ):
             if on_batch:
                 on_batch(1)

@@ -39,5 +39,10 @@ class DatabaseUnavailable(MemoryGCError):
     """The database could not be reached; check MEMORY_GC_DATABASE_URL and that the server runs."""
 
 
+class WriteConflict(DatabaseUnavailable):
+    """A concurrent writer conflicted with this transaction (deadlock or serialization failure);
+    it was rolled back whole, so running the command again is safe."""
+
+
 class RunFailed(MemoryGCError):
     """The run failed; no batch was half-applied (each batch commits or rolls back whole)."""

@@ -1,8 +1,10 @@
 """The one executor: carries out a batch's actions inside the caller's transaction.
 
-1. Lock every row the actions name (id order) and compare its version (xmin) with the one
-   recorded when the action was planned. A row that is gone or changed has *drifted*: its
-   action — and every action of the same group — is skipped and reported, never applied.
+1. Lock every row the actions name and compare its version (xmin) with the one recorded when
+   the action was planned. A row that is gone or changed has *drifted*: its action — and every
+   action of the same group — is skipped and reported, never applied. A row an application
+   transaction holds right now is skipped too (``SKIP LOCKED``), never waited for, so the
+   worker cannot deadlock with the request path; it is planned again next run.
 2. Apply the rest with set-based statements, each checked against the count it was given
    (a mismatch raises, and the caller's transaction rolls back whole).
 3. Return what was applied with each row's prior state, for the audit and for restore.

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gc_worker import audit
 from gc_worker.actions import TARGET_STATUS, Action, Kind
-from gc_worker.db import transaction
+from gc_worker.db import retrying, transaction
 from gc_worker.engine import load_run
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.queries import q
@@ -32,8 +32,17 @@ class RestoreResult:
     not_restorable: list[UUID] = field(default_factory=list)
 
 
+# A restore waits for row locks (it is an operator's command, not a background job); when that
+# ends in a deadlock with the application it is rolled back whole and tried again.
+ATTEMPTS = 3
+
+
 def restore_run(engine: Engine, run_id: UUID, *, now: datetime | None = None) -> RestoreResult:
     """Undo every restorable action of ``run_id``."""
+    return retrying(ATTEMPTS, lambda: _restore_run(engine, run_id, now))
+
+
+def _restore_run(engine: Engine, run_id: UUID, now: datetime | None) -> RestoreResult:
     with transaction(engine) as conn:
         run = load_run(conn, run_id)
         if run["mode"] == "dry_run":
@@ -47,6 +56,10 @@ def restore_memory(
     engine: Engine, memory_id: UUID, *, now: datetime | None = None
 ) -> RestoreResult:
     """Undo the worker's latest change to one memory (a whole merge when it names a merge)."""
+    return retrying(ATTEMPTS, lambda: _restore_memory(engine, memory_id, now))
+
+
+def _restore_memory(engine: Engine, memory_id: UUID, now: datetime | None) -> RestoreResult:
     with transaction(engine) as conn:
         latest = conn.execute(q("latest_action_for_memory"), {"memory_id": memory_id}).first()
         if latest is None:

@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 import jobs
+from gc_worker import db
 from gc_worker import engine as gc_engine
 from gc_worker.config import Settings
 from gc_worker.report import build_report
@@ -311,3 +312,112 @@ class TestUnderLoad:
         assert unexplained_drift(report, app.written) == []
         assert len(app.written) > 20
         assert app.errors == []
+
+
+def waiting_on_a_lock(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+        ).scalar_one()
+
+
+def by_content(rows: list[dict[str, Any]], content: str) -> UUID:
+    return next(r["id"] for r in rows if r["content"] == content)
+
+
+class TestTheWorkerNeverWaitsOnTheApp:
+    """The worker takes row locks with SKIP LOCKED only, so it can never be one side of a
+    deadlock with the request path; a row the application holds is drifted or refreshed next
+    run, never waited for."""
+
+    def test_no_deadlock_when_the_app_holds_a_row_and_waits_for_ours(self, engine, monkeypatch):
+        """The app holds row B and then blocks on row A, which the batch has just retired;
+        the batch's score refresh then reaches B. Waiting for B would deadlock (PostgreSQL
+        would kill one side after deadlock_timeout); the batch skips B and commits."""
+        rows = lifecycle_rows("u1")
+        seed(engine, rows)
+        a, b = by_content(rows, "expired"), by_content(rows, "fresh")
+        app = sa.create_engine(engine.url, connect_args={"options": "-c lock_timeout=20000"})
+        holder = app.connect()
+        holder.begin()
+        holder.execute(sa.text("UPDATE memories SET access_count = 7 WHERE id = :b"), {"b": b})
+        errors: list[Exception] = []
+
+        def app_wants_a() -> None:
+            try:
+                holder.execute(
+                    sa.text("UPDATE memories SET access_count = 9 WHERE id = :a"), {"a": a}
+                )
+                holder.commit()
+            except Exception as exc:  # reported by the test
+                errors.append(exc)
+
+        blocked = threading.Thread(target=app_wants_a)
+        real_after_apply = gc_engine._after_apply
+
+        def after_apply(ctx: Any, run_row: Any, applied: Any) -> None:
+            real_after_apply(ctx, run_row, applied)
+            blocked.start()
+            deadline = time.monotonic() + 10
+            while waiting_on_a_lock(engine) == 0:
+                assert time.monotonic() < deadline, "the app never blocked on the retired row"
+                time.sleep(0.01)
+
+        monkeypatch.setattr(gc_engine, "_after_apply", after_apply)
+        try:
+            report = run(engine, SETTINGS, jobs=["ttl_expiry", "decay"])
+            blocked.join(timeout=30)
+        finally:
+            holder.close()
+            app.dispose()
+        assert errors == [] and not blocked.is_alive()
+        assert report["status"] == "completed"
+        after = full_snapshot(engine)
+        assert after[a]["status"] == "deleted" and after[a]["access_count"] == 9
+        assert after[b]["access_count"] == 7
+        assert after[b]["decayed_confidence"] is None  # skipped while the app held it
+        active = [r for r in rows if r["status"] == "active" and not r["pinned"]]
+        # every active row but the ones retired in the batch and b, which the app held
+        assert report["jobs"]["decay"]["refreshed"] == len(active) - len(report["actions"]) - 1
+        monkeypatch.setattr(gc_engine, "_after_apply", real_after_apply)
+        run(engine, SETTINGS, jobs=["ttl_expiry", "decay"])
+        assert full_snapshot(engine)[b]["decayed_confidence"] is not None
+
+    def test_rows_the_app_holds_are_drifted_not_waited_for(self, engine):
+        """While an app transaction holds every row of a user, a run over that user completes
+        at once, changes none of them and reports each planned action as drifted; once the
+        app is done, the next run applies the same plan."""
+        seed(engine, lifecycle_rows("u1") + lifecycle_rows("u2"))
+        plan = run(engine, SETTINGS, dry_run=True)
+        before = full_snapshot(engine)
+        held = {m for m, r in before.items() if r["user_id"] == "u1"}
+        worker = db.make_engine(  # waiting on a lock would fail the run, not hang the test
+            engine.url.render_as_string(hide_password=False),
+            connect_args={"options": "-c lock_timeout=3000"},
+        )
+        with engine.connect() as app:
+            app.execute(sa.text("SELECT id FROM memories WHERE user_id = 'u1' FOR UPDATE")).all()
+            try:
+                report = run(worker, SETTINGS)
+            finally:
+                worker.dispose()
+            app.rollback()
+        planned_u1 = [a for a in plan["actions"] if a["user_id"] == "u1"]
+        drifted = [d for d in report["drifted"] if d["user_id"] == "u1"]
+        assert report["status"] == "completed"
+        assert len(drifted) == len(planned_u1) > 0
+        after = full_snapshot(engine)
+        assert {m: after[m] for m in held} == {m: before[m] for m in held}
+        assert {a["user_id"] for a in report["actions"]} == {"u2"}
+        again = run(engine, SETTINGS)
+        assert outline(again["actions"]) == outline(planned_u1)
+
+
+def outline(actions: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    """(action, memory id) of each action; a created record's id is new every run."""
+    return sorted(
+        (a["action"], None if a["action"] == "create_merged" else a["memory_id"]) for a in actions
+    )

@@ -16,9 +16,10 @@ import structlog
 
 import jobs
 from gc_worker import audit
+from gc_worker import engine as gc_engine
 from gc_worker import execute as executor
 from gc_worker.config import Settings
-from gc_worker.errors import DatabaseUnavailable
+from gc_worker.errors import DatabaseUnavailable, WriteConflict
 from tests.fake_model import FakeModel, fake_port
 from tests.seeding import (
     Reusable,
@@ -30,7 +31,7 @@ from tests.seeding import (
     seed,
     state_diff,
 )
-from tests.store import run
+from tests.store import NOW, run
 from tests.strategies import BASES
 
 USERS = ("u1 'quoted'", "u2 ユーザー", "u3; DROP")
@@ -326,3 +327,65 @@ class TestLLMFaults:
         deferred = [a for a in report["actions"] if a["action"] == "deferred"]
         assert deferred and {a["reason"] for a in deferred} == {"llm_unavailable"}
         assert all(n <= 2 * len(deferred) for n in model.calls.values())
+
+
+def server_deadlock(conn: Any, *_: Any, **__: Any) -> None:
+    """The server reports a deadlock in the batch's transaction (SQLSTATE 40P01)."""
+    conn.execute(
+        sa.text(
+            "DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = 'deadlock_detected'; END $$"
+        )
+    )
+
+
+class TestWriteConflicts:
+    def test_a_batch_rolled_back_by_a_deadlock_is_run_again(self, engine, twin, monkeypatch):
+        """Batch 2 is killed by a deadlock once: it rolls back whole, is planned and applied
+        again, and the run ends where an undisturbed run ends."""
+        ids = seed_both(engine, twin, [r for u in USERS for r in lifecycle_rows(u)])
+        monkeypatch.setattr(
+            executor, "_set_status", failing_on(2, executor._set_status, server_deadlock)
+        )
+        report = run(engine, BATCHED)
+        assert report["status"] == "completed"
+        assert batch_outcome(engine) == {
+            no: ("done", n) for no, (_, n) in batch_outcome(engine).items()
+        }
+        run(twin, BATCHED)
+        assert end_state(engine, ids) == end_state(twin, ids)
+
+    def test_a_batch_that_keeps_deadlocking_fails_the_run_cleanly(self, engine, monkeypatch):
+        """Three conflicts in a row: WriteConflict (exit 1, 'safe to retry'), nothing of the
+        batch kept."""
+        seed(engine, [r for u in USERS for r in lifecycle_rows(u)])
+        before = full_snapshot(engine)
+        real = executor._set_status
+        calls = {"n": 0}
+
+        def always_from_the_second(conn: Any, *args: Any, **kwargs: Any) -> None:
+            calls["n"] += 1
+            real(conn, *args, **kwargs)
+            if calls["n"] >= 2:
+                server_deadlock(conn)
+
+        monkeypatch.setattr(executor, "_set_status", always_from_the_second)
+        with pytest.raises(WriteConflict, match=r"40P01.*safe to retry"):
+            run(engine, BATCHED)
+        assert calls["n"] == 1 + gc_engine.BATCH_ATTEMPTS
+        check_interrupted(engine, before, failed_batch=1)
+
+    def test_restore_is_retried_after_a_deadlock(self, engine, twin, monkeypatch):
+        """An undo that deadlocks with the application once is rolled back and run again; it
+        ends where an undisturbed undo ends."""
+        from gc_worker import restore
+
+        ids = seed_both(engine, twin, lifecycle_rows("u1"))
+        applied, untouched = run(engine, BATCHED), run(twin, BATCHED)
+        monkeypatch.setattr(
+            restore, "_restore_status", failing_on(1, restore._restore_status, server_deadlock)
+        )
+        result = restore.restore_run(engine, UUID(applied["run_id"]), now=NOW)
+        monkeypatch.undo()
+        expected = restore.restore_run(twin, UUID(untouched["run_id"]), now=NOW)
+        assert len(result.restored) == len(expected.restored) > 0
+        assert end_state(engine, ids) == end_state(twin, ids)

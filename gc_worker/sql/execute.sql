@@ -1,5 +1,7 @@
 -- lock_rows --
--- Lock the rows a batch's plan touches (in id order); their version and prior state (PRIOR_FIELDS).
+-- Lock the rows a batch's plan touches; their version and prior state (PRIOR_FIELDS). A row a
+-- request-path transaction holds is skipped, never waited for: the worker then waits on no row
+-- lock at all, so it can be no party to a deadlock; the caller treats the row as drifted.
 SELECT id, xmin::text::bigint AS row_version,
        jsonb_build_object('status', status, 'status_reason', status_reason,
                           'status_changed_at', status_changed_at, 'superseded_by', superseded_by,
@@ -9,7 +11,7 @@ SELECT id, xmin::text::bigint AS row_version,
 FROM memories
 WHERE id = ANY(:ids)
 ORDER BY id
-FOR UPDATE
+FOR UPDATE SKIP LOCKED
 
 -- apply_status --
 -- Retire rows (deleted / obsolete / merged); never a pinned row unless erasure asked for it.

@@ -23,15 +23,20 @@ WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
 ORDER BY user_id, id
 
 -- decay_refresh --
--- Rewrite decayed_confidence where it moved by more than :epsilon (never on pinned rows).
+-- Rewrite decayed_confidence where it moved by more than :epsilon (never on pinned rows). Rows
+-- a request-path transaction holds are skipped (SKIP LOCKED, as in lock_rows): the next run
+-- refreshes them, and the worker never waits on, or deadlocks with, the application.
 UPDATE memories
 SET decayed_confidence = memory_gc_decayed(confidence, importance,
         greatest(created_at, updated_at, last_accessed_at), :now, :half_life_days, :multipliers)
-WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
-  AND (decayed_confidence IS NULL
-       OR abs(decayed_confidence - memory_gc_decayed(confidence, importance,
-              greatest(created_at, updated_at, last_accessed_at), :now,
-              :half_life_days, :multipliers)) > :epsilon)
+WHERE id IN (
+    SELECT id FROM memories
+    WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
+      AND (decayed_confidence IS NULL
+           OR abs(decayed_confidence - memory_gc_decayed(confidence, importance,
+                  greatest(created_at, updated_at, last_accessed_at), :now,
+                  :half_life_days, :multipliers)) > :epsilon)
+    FOR UPDATE SKIP LOCKED)
 
 -- decay_refresh_count --
 -- How many rows decay_refresh would rewrite after the batch's planned actions (dry runs).
