@@ -25,11 +25,14 @@ ORDER BY user_id, id
 -- decay_refresh --
 -- Rewrite decayed_confidence where it moved by more than :epsilon (never on pinned rows). Rows
 -- a request-path transaction holds are skipped (SKIP LOCKED, as in lock_rows): the next run
--- refreshes them, and the worker never waits on, or deadlocks with, the application.
+-- refreshes them, and the worker never waits on, or deadlocks with, the application. The outer
+-- scope repeats the batch's filter so the locked ids are joined to the batch's rows, not to a
+-- scan of the whole table.
 UPDATE memories
 SET decayed_confidence = memory_gc_decayed(confidence, importance,
         greatest(created_at, updated_at, last_accessed_at), :now, :half_life_days, :multipliers)
-WHERE id IN (
+WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
+  AND id IN (
     SELECT id FROM memories
     WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
       AND (decayed_confidence IS NULL
