@@ -9,7 +9,8 @@ by a merge count in ``created``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -47,6 +48,9 @@ class BatchContext:
     importance: dict[UUID, int] = field(default_factory=dict)
     created: Counter[str] = field(default_factory=Counter)
     held: set[UUID] = field(default_factory=set)  # rows a review queued in this batch names
+    # job → users of the batch the run-start scan found work for (gc_worker.triage); a job
+    # missing here reads every user
+    work: dict[str, set[str]] = field(default_factory=dict)
     stats: dict[str, JobStats] = field(default_factory=dict)
 
     def job_stats(self, job: str) -> JobStats:
@@ -61,6 +65,22 @@ class BatchContext:
             "reassessed": list(self.importance),
             **extra,
         }
+
+    def users_for(self, job: str, acted_on: set[str]) -> list[str]:
+        """The users ``job`` plans for: those the scan found work for, and those an earlier
+        action of the batch touched (``acted_on``); every user when the job was not scanned."""
+        if job not in self.work:
+            return self.users
+        return [u for u in self.users if u in self.work[job] or u in acted_on]
+
+    @contextmanager
+    def only(self, users: list[str]) -> Iterator[None]:
+        """Narrow the batch to ``users`` (for one job)."""
+        everyone, self.users = self.users, users
+        try:
+            yield
+        finally:
+            self.users = everyone
 
     def effective_importance(self, row: Any) -> int:
         return self.importance.get(row.id, row.importance)

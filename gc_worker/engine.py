@@ -26,7 +26,7 @@ import structlog
 from sqlalchemy.engine import Connection, Engine
 
 import jobs
-from gc_worker import audit
+from gc_worker import audit, triage
 from gc_worker.actions import Action
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
@@ -78,13 +78,19 @@ def start_run(
     """
     run_id = uuid4()
     with transaction(engine) as conn:
-        users = _users(conn, request.users)
+        everyone = _users(conn, request.users)
+        work = triage.scan(conn, everyone, request.jobs, settings, request.now)
+        users = triage.with_work(everyone, request.jobs, work)
         conn.execute(q("insert_run"), _run_row(run_id, settings, request))
         if slot is not None:
             conn.execute(q("set_run_slot"), {"run_id": run_id, "slot": slot})
         size = settings.run.batch_users
-        _insert_batches(conn, run_id, [users[i : i + size] for i in range(0, len(users), size)])
-    log.info("gc.run_started", run_id=str(run_id), mode=request.mode, users=len(users))
+        batches = [users[i : i + size] for i in range(0, len(users), size)]
+        _insert_batches(conn, run_id, batches, work)
+    log.info(
+        "gc.run_started", run_id=str(run_id), mode=request.mode, users=len(users),
+        users_without_work=len(everyone) - len(users),
+    )  # fmt: skip
     return run_id
 
 
@@ -189,6 +195,7 @@ def _process_next_batch(engine: Engine, run: dict[str, Any], settings: Settings,
         ctx = BatchContext(
             conn=conn, users=list(batch.users), settings=settings, now=run["now"],
             dry_run=run["mode"] == "dry_run", llm=llm,
+            work={job: set(users) for job, users in (batch.work or {}).items()},
         )  # fmt: skip
         llm_before = llm.usage() if llm is not None else {}
         summary = _run_batch(ctx, run, batch.batch_no)
@@ -220,7 +227,7 @@ def _run_batch(ctx: BatchContext, run: dict[str, Any], batch_no: int) -> dict[st
         for action in drifted:
             ctx.job_stats(action.job).drifted += 1
         _after_apply(ctx, run, applied)
-    _refresh(ctx, run["jobs"])
+    _refresh(ctx, run["jobs"], {a.user_id for a in applied})
     return {"actions": len(applied), "drifted": len(drifted)}
 
 
@@ -228,10 +235,15 @@ def plan_batch(ctx: BatchContext, job_names: Sequence[str]) -> list[Action]:
     """Plan every job of the run for this batch, in order, each seeing the ones before it."""
     planned: list[Action] = []
     for name in job_names:
+        stats = ctx.job_stats(name)
+        users = ctx.users_for(name, {a.user_id for a in planned})
+        if not users:
+            continue
         structlog.contextvars.bind_contextvars(job=name)
         calls_before = _llm_calls(ctx)
-        planned += ctx.record(jobs.REGISTRY[name].plan(ctx))
-        ctx.job_stats(name).llm_calls += _llm_calls(ctx) - calls_before
+        with ctx.only(users):
+            planned += ctx.record(jobs.REGISTRY[name].plan(ctx))
+        stats.llm_calls += _llm_calls(ctx) - calls_before
     structlog.contextvars.unbind_contextvars("job")
     return planned
 
@@ -249,11 +261,13 @@ def _after_apply(ctx: BatchContext, run: dict[str, Any], applied: list[Action]) 
             hook(ctx, applied, run_id=run["id"])
 
 
-def _refresh(ctx: BatchContext, job_names: Sequence[str]) -> None:
+def _refresh(ctx: BatchContext, job_names: Sequence[str], acted_on: set[str]) -> None:
     for name in job_names:
         refresh = getattr(jobs.REGISTRY[name], "refresh", None)
-        if refresh is not None:
-            ctx.job_stats(name).refreshed += refresh(ctx)
+        users = ctx.users_for(name, acted_on)
+        if refresh is not None and users:
+            with ctx.only(users):
+                ctx.job_stats(name).refreshed += refresh(ctx)
 
 
 def _users(conn: Connection, requested: tuple[str, ...] | None) -> list[str]:
@@ -281,11 +295,14 @@ def _run_row(run_id: UUID, settings: Settings, request: RunRequest) -> dict[str,
     }
 
 
-def _insert_batches(conn: Connection, run_id: UUID, batches: list[list[str]]) -> None:
+def _insert_batches(
+    conn: Connection, run_id: UUID, batches: list[list[str]], work: triage.Work | None
+) -> None:
     if batches:
         conn.execute(
             audit.batches_insert(),
-            [{"run_id": run_id, "batch_no": i, "users": users, "state": "pending", "stats": {}}
+            [{"run_id": run_id, "batch_no": i, "users": users, "state": "pending", "stats": {},
+              "work": triage.for_batch(work, users)}
              for i, users in enumerate(batches)],
         )  # fmt: skip
 

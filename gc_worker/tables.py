@@ -35,4 +35,7 @@ gc_run_batches = sa.Table(
     sa.Column("state", sa.Text, nullable=False),
     sa.Column("worker", sa.Text),
     sa.Column("stats", JSONB, nullable=False),
+    sa.Column(
+        "work", JSONB(none_as_null=True), nullable=True
+    ),  # gc_worker.triage; NULL: every job, every user
 )

@@ -23,7 +23,7 @@ from typing import Any
 
 from gc_worker.actions import Action, soft_delete
 from gc_worker.batch import BatchContext
-from gc_worker.config import DecaySettings
+from gc_worker.config import DecaySettings, Settings
 from gc_worker.queries import q
 
 NAME = "decay"
@@ -65,31 +65,37 @@ def plan_decay(
     return actions
 
 
-def refresh_params(ctx: BatchContext) -> dict[str, Any]:
-    policy = ctx.settings.decay
+def rule_params(policy: DecaySettings, now: datetime) -> dict[str, Any]:
+    """The binds of the candidates, refresh and triage queries, from the policy."""
     return {
-        "users": ctx.users,
-        "now": ctx.now,
         "half_life_days": policy.half_life_days,
         "multipliers": list(policy.importance_multipliers),
         "epsilon": policy.epsilon,
+        "grace_cutoff": now - timedelta(days=policy.grace_days),
+        "max_importance": policy.forget_max_importance,
+        "forget_below": policy.forget_below,
     }
+
+
+WORK = "work_decay"  # gc_worker.triage: which users have work (sql/triage.sql)
+
+
+def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
+    return {f"{NAME}__{k}": v for k, v in rule_params(settings.decay, now).items()}
+
+
+def refresh_params(ctx: BatchContext) -> dict[str, Any]:
+    return ctx.params(**rule_params(ctx.settings.decay, ctx.now))
 
 
 def plan(ctx: BatchContext) -> list[Action]:
     policy = ctx.settings.decay
-    params = refresh_params(ctx) | ctx.params(
-        grace_cutoff=ctx.now - timedelta(days=policy.grace_days),
-        max_importance=policy.forget_max_importance,
-        forget_below=policy.forget_below,
-    )
-    rows = ctx.conn.execute(q("decay_candidates"), params)
+    rows = ctx.conn.execute(q("decay_candidates"), refresh_params(ctx))
     return plan_decay(rows, policy, now=ctx.now, importance=ctx.importance)
 
 
 def refresh(ctx: BatchContext) -> int:
     """Rewrite moved scores (or, in a dry run, count them); runs after the batch's actions."""
     if ctx.dry_run:
-        params = refresh_params(ctx) | {"taken": list(ctx.taken)}
-        return int(ctx.conn.execute(q("decay_refresh_count"), params).scalar_one())
+        return int(ctx.conn.execute(q("decay_refresh_count"), refresh_params(ctx)).scalar_one())
     return ctx.conn.execute(q("decay_refresh"), refresh_params(ctx)).rowcount

@@ -20,7 +20,7 @@ from typing import Any
 
 from gc_worker.actions import ERASURE_REASONS, Action, Kind
 from gc_worker.batch import BatchContext
-from gc_worker.config import ErasureSettings, HardDeleteSettings
+from gc_worker.config import ErasureSettings, HardDeleteSettings, Settings
 from gc_worker.queries import q
 
 NAME = "hard_delete"
@@ -69,13 +69,24 @@ def plan_hard_delete(
     return actions
 
 
+def rule_params(settings: Settings, now: datetime) -> dict[str, Any]:
+    return {
+        "deleted_cutoff": now - timedelta(days=settings.hard_delete.retention_days),
+        "history_cutoff": now - timedelta(days=settings.hard_delete.history_retention_days),
+        "erasure_cutoff": now - timedelta(days=settings.erasure.retention_days),
+        "erasure_reasons": list(ERASURE_REASONS),
+    }
+
+
+WORK = "work_hard_delete"  # gc_worker.triage: which users have work (sql/triage.sql)
+
+
+def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
+    return {f"{NAME}__{k}": v for k, v in rule_params(settings, now).items()}
+
+
 def plan(ctx: BatchContext) -> list[Action]:
     policy, erasure = ctx.settings.hard_delete, ctx.settings.erasure
-    params = ctx.params(
-        deleted_cutoff=ctx.now - timedelta(days=policy.retention_days),
-        history_cutoff=ctx.now - timedelta(days=policy.history_retention_days),
-        erasure_cutoff=ctx.now - timedelta(days=erasure.retention_days),
-        erasure_reasons=list(ERASURE_REASONS),
-    )
+    params = ctx.params(**rule_params(ctx.settings, ctx.now))
     rows = ctx.conn.execute(q("hard_delete_candidates"), params)
     return plan_hard_delete(rows, policy, erasure, now=ctx.now)

@@ -15,6 +15,7 @@ from typing import Any
 
 from gc_worker.actions import Action, soft_delete
 from gc_worker.batch import BatchContext
+from gc_worker.config import Settings
 from gc_worker.queries import q
 
 NAME = "ttl_expiry"
@@ -28,6 +29,13 @@ def plan_ttl_expiry(rows: Iterable[Any], *, now: datetime) -> list[Action]:
         for row in rows
         if row.expires_at is not None and row.expires_at <= now
     ]
+
+
+WORK = "work_ttl_expiry"  # gc_worker.triage: which users have work (sql/triage.sql)
+
+
+def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
+    return {}
 
 
 def plan(ctx: BatchContext) -> list[Action]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from gc_worker.actions import Action, soft_delete
 from gc_worker.batch import BatchContext
-from gc_worker.config import UsagePruneSettings
+from gc_worker.config import Settings, UsagePruneSettings
 from gc_worker.queries import q
 
 NAME = "usage_prune"
@@ -49,12 +49,23 @@ def plan_usage_prune(
     ]
 
 
+def rule_params(policy: UsagePruneSettings, now: datetime) -> dict[str, Any]:
+    return {
+        "unused_cutoff": now - timedelta(days=policy.unused_days),
+        "grace_cutoff": now - timedelta(days=policy.grace_days),
+        "max_importance": policy.max_importance,
+    }
+
+
+WORK = "work_usage_prune"  # gc_worker.triage: which users have work (sql/triage.sql)
+
+
+def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
+    return {f"{NAME}__{k}": v for k, v in rule_params(settings.usage_prune, now).items()}
+
+
 def plan(ctx: BatchContext) -> list[Action]:
     policy = ctx.settings.usage_prune
-    params = ctx.params(
-        unused_cutoff=ctx.now - timedelta(days=policy.unused_days),
-        grace_cutoff=ctx.now - timedelta(days=policy.grace_days),
-        max_importance=policy.max_importance,
-    )
+    params = ctx.params(**rule_params(policy, ctx.now))
     rows = ctx.conn.execute(q("usage_prune_candidates"), params)
     return plan_usage_prune(rows, policy, now=ctx.now, importance=ctx.importance)

@@ -36,6 +36,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -43,6 +44,7 @@ import structlog
 
 from gc_worker.actions import Action, Kind, soft_delete
 from gc_worker.batch import BatchContext
+from gc_worker.config import Settings
 from gc_worker.llm import (
     LLMBudgetExhausted,
     LLMError,
@@ -259,6 +261,13 @@ def plan_overflow(ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any
         importance=ctx.importance, now_iso=ctx.now.isoformat(),
     )  # fmt: skip
     return summary_actions(overflow, record)
+
+
+WORK = "work_user_cap"  # gc_worker.triage: which users have work (sql/triage.sql)
+
+
+def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
+    return {f"{NAME}__max_memories": settings.user_cap.max_memories}
 
 
 def over_cap_counts(ctx: BatchContext) -> dict[str, int]:

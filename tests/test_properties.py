@@ -32,7 +32,7 @@ from gc_worker.actions import ERASURE_REASONS
 from gc_worker.config import Settings
 from gc_worker.restore import restore_run
 from tests.fake_model import FakeModel, fake_port
-from tests.seeding import Reusable, full_snapshot, reusable_database
+from tests.seeding import Reusable, end_state, full_snapshot, reusable_database
 from tests.store import NOW, run
 from tests.strategies import APP_COLUMNS, scenarios
 
@@ -339,3 +339,36 @@ class TestPlanThenApply:
             report = build_report(conn, apply_id)
         assert action_keys(report) == action_keys(plan) and report["drifted"] == []
         check_run(before, engine, report, policy)
+
+
+def without_scan(policy: Settings) -> Settings:
+    dump = policy.model_dump()
+    return Settings.model_validate(dump | {"run": dump["run"] | {"skip_idle_users": False}})
+
+
+def outline(report: dict[str, Any]) -> Counter:
+    """What a run did, comparable across two runs (a created record's id is new each run)."""
+    return Counter(
+        (a["job"], a["action"], None if a["action"] == "create_merged" else a["memory_id"],
+         a["reason"])
+        for a in report["actions"]
+    ) + Counter((job, "refreshed", n) for job, s in report["jobs"].items()
+                for n in [s.get("refreshed", 0)] if n)  # fmt: skip
+
+
+class TestRunStartScan:
+    @PROPERTY
+    @given(case=scenarios(), use_llm=st.booleans())
+    def test_the_scan_changes_nothing_but_what_is_read(self, store, case, use_llm):
+        """A run that plans each job only for the users the run-start scan found work for
+        (gc_worker.triage) does exactly what a run reading every user does: same actions,
+        same score refreshes, same end state."""
+        note(case.table())
+        ids = {r["id"] for r in case.rows}
+        engine = store.fresh(case.rows)
+        scanned = run_with(engine, case.policy, use_llm)
+        scanned_state = end_state(engine, ids)
+        engine = store.fresh(case.rows)
+        full = run_with(engine, without_scan(case.policy), use_llm)
+        assert outline(scanned) == outline(full)
+        assert scanned_state == end_state(engine, ids)

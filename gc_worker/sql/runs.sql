@@ -21,7 +21,7 @@ VALUES (:id, :mode, :trigger, :now, :users, :jobs, CAST(:settings AS jsonb), :pl
 -- claim_batch --
 -- Take the next pending batch of a run; a batch another worker holds is skipped, and its lock
 -- (held by that worker's open transaction) disappears if the worker dies.
-SELECT batch_no, users
+SELECT batch_no, users, work
 FROM gc_run_batches
 WHERE run_id = :run_id AND state = 'pending'
 ORDER BY batch_no
@@ -64,8 +64,8 @@ RETURNING id
 
 -- copy_batches --
 -- An apply run walks the same user batches as its plan.
-INSERT INTO gc_run_batches (run_id, batch_no, users)
-SELECT :run_id, batch_no, users FROM gc_run_batches WHERE run_id = :plan_run_id
+INSERT INTO gc_run_batches (run_id, batch_no, users, work)
+SELECT :run_id, batch_no, users, work FROM gc_run_batches WHERE run_id = :plan_run_id
 
 -- planned_actions --
 -- The stored plan of one batch, in plan order.

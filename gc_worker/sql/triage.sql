@@ -1,0 +1,40 @@
+-- Per-job "has work" tests for gc_worker.triage: each block is one aggregate over a user's rows
+-- in memories, true when the job's candidates query (named in the comment) would return a row
+-- for that user, or its refresh would write one. Binds are the job's, prefixed `<job>__`.
+-- tests/test_properties.py checks that a run with the scan plans exactly what one without does.
+
+-- work_ttl_expiry --
+-- ttl_expiry_candidates.
+bool_or(status = 'active' AND NOT pinned AND expires_at <= :now)
+
+-- work_decay --
+-- decay_candidates (its Python check only narrows it), and decay_refresh.
+bool_or(status = 'active' AND NOT pinned AND (
+    (created_at <= :decay__grace_cutoff AND importance <= :decay__max_importance
+     AND memory_gc_decayed(confidence, importance,
+           greatest(created_at, updated_at, last_accessed_at), :now,
+           :decay__half_life_days, :decay__multipliers) < :decay__forget_below)
+    OR decayed_confidence IS NULL
+    OR abs(decayed_confidence - memory_gc_decayed(confidence, importance,
+           greatest(created_at, updated_at, last_accessed_at), :now,
+           :decay__half_life_days, :decay__multipliers)) > :decay__epsilon))
+
+-- work_usage_prune --
+-- usage_prune_candidates.
+bool_or(status = 'active' AND NOT pinned
+        AND coalesce(last_accessed_at, created_at) <= :usage_prune__unused_cutoff
+        AND created_at <= :usage_prune__grace_cutoff
+        AND importance <= :usage_prune__max_importance)
+
+-- work_user_cap --
+-- user_cap_counts (pinned rows count).
+count(*) FILTER (WHERE status = 'active') > :user_cap__max_memories
+
+-- work_hard_delete --
+-- hard_delete_candidates, less the pinned rows its purge_reason keeps (all but erased ones).
+bool_or((status = 'deleted' AND NOT pinned
+         AND coalesce(deleted_at, status_changed_at) <= :hard_delete__deleted_cutoff)
+     OR (status = 'deleted' AND status_reason = ANY(:hard_delete__erasure_reasons)
+         AND coalesce(deleted_at, status_changed_at) <= :hard_delete__erasure_cutoff)
+     OR (status IN ('obsolete', 'merged') AND NOT pinned
+         AND coalesce(status_changed_at, updated_at) <= :hard_delete__history_cutoff))

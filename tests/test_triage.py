@@ -1,0 +1,131 @@
+"""The run-start scan (gc_worker.triage): which users it finds work for, at every rule's exact
+boundary, and what a run does with the answer."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import jobs
+from gc_worker import triage
+from gc_worker.batch import BatchContext
+from gc_worker.config import Settings
+from tests.seeding import row, seed
+from tests.store import NOW, run
+
+SETTINGS = Settings.model_validate(
+    {"embeddings": {"dim": 8}, "user_cap": {"max_memories": 3}, "run": {"batch_users": 2}}
+)
+US = timedelta(microseconds=1)
+DAY = timedelta(days=1)
+
+
+def boundary_rows() -> list[dict[str, Any]]:
+    """For each rule, one user exactly at its boundary (due) and one a microsecond short."""
+    usage, hard, erasure = SETTINGS.usage_prune, SETTINGS.hard_delete, SETTINGS.erasure
+    unused = NOW - usage.unused_days * DAY
+    grace = NOW - usage.grace_days * DAY
+    deleted = NOW - hard.retention_days * DAY
+    history = NOW - hard.history_retention_days * DAY
+    erased = NOW - erasure.retention_days * DAY
+    retired = {"status": "deleted", "status_reason": "ttl_expired"}
+    rows = []
+    for due, shift in (("due", timedelta(0)), ("short", US)):
+        rows += [
+            row(f"ttl-{due}", "r", expires_at=NOW + shift, importance=5),
+            row(f"usage-{due}", "r", created_at=unused + shift, importance=1),
+            row(f"grace-{due}", "r", created_at=grace + shift, last_accessed_at=unused - DAY,
+                importance=1),
+            row(f"deleted-{due}", "r", **retired, deleted_at=deleted + shift,
+                status_changed_at=deleted + shift),
+            row(f"history-{due}", "r", status="obsolete", status_reason="superseded",
+                status_changed_at=history + shift),
+            row(f"erased-{due}", "r", status="deleted", status_reason="erasure",
+                deleted_at=erased + shift, status_changed_at=erased + shift),
+        ]  # fmt: skip
+    rows += [row("cap-due", f"r{i}", importance=5) for i in range(4)]
+    rows += [row("cap-short", f"r{i}", importance=5) for i in range(2)]
+    rows += [row("cap-short", "pinned", importance=5, pinned=True)]
+    rows += [row("cap-short", "gone", importance=5, **retired, deleted_at=NOW)]
+    rows += [row("pinned-due", f"r{i}", importance=5) for i in range(3)]
+    rows += [row("pinned-due", "pinned", importance=5, pinned=True)]
+    # retired long ago but pinned: kept (only an erased row is purged pinned or not)
+    rows += [row("pinned-retired", "r", **retired, pinned=True, deleted_at=deleted - DAY,
+                 status_changed_at=deleted - DAY)]  # fmt: skip
+    rows += [row("pinned-erased", "r", status="deleted", status_reason="erasure", pinned=True,
+                 deleted_at=erased, status_changed_at=erased)]  # fmt: skip
+    return rows
+
+
+def plans_something(conn: sa.Connection, job: str, user: str) -> bool:
+    """Does ``job``, planned alone for ``user``, act on anything (or refresh a score)?"""
+    ctx = BatchContext(conn=conn, users=[user], settings=SETTINGS, now=NOW, dry_run=True)
+    module = jobs.REGISTRY[job]
+    refresh = getattr(module, "refresh", None)
+    return bool(module.plan(ctx)) or bool(refresh and refresh(ctx))
+
+
+SCANNED = [n for n in jobs.ORDER if getattr(jobs.REGISTRY.get(n), "WORK", None)]
+
+
+def test_the_scanned_jobs_are_the_deterministic_ones():
+    assert SCANNED == ["ttl_expiry", "decay", "usage_prune", "user_cap", "hard_delete"]
+
+
+@pytest.mark.parametrize("job", SCANNED)
+def test_the_scan_finds_exactly_the_users_the_job_acts_on(engine, job):
+    """At each rule's exact boundary (``<=``) the user is found; a microsecond short, not."""
+    rows = boundary_rows()
+    seed(engine, rows)
+    users = sorted({r["user_id"] for r in rows})
+    with engine.connect() as conn:
+        work = triage.scan(conn, users, [job], SETTINGS, NOW)
+        acting = {u for u in users if plans_something(conn, job, u)}
+    assert work is not None and work[job] == acting
+    expected = {
+        "ttl_expiry": {"ttl-due"},
+        "usage_prune": {"usage-due", "grace-due"},
+        "user_cap": {"cap-due", "pinned-due"},
+        "hard_delete": {"deleted-due", "history-due", "erased-due", "pinned-erased"},
+    }
+    if job in expected:
+        assert acting == expected[job]
+    else:  # every active unpinned row has no score yet
+        assert acting == {r["user_id"] for r in rows if r["status"] == "active" and not r["pinned"]}
+
+
+def test_users_without_work_get_no_batch(engine):
+    """Only users some job has work for are batched; with the scan off, every user is."""
+    seed(engine, [row("busy", "r", expires_at=NOW - DAY), row("idle", "r", importance=5)])
+    run(engine, SETTINGS, jobs=["ttl_expiry"])
+    run(engine, SETTINGS, jobs=["ttl_expiry"])
+    off = Settings.model_validate(
+        SETTINGS.model_dump() | {"run": SETTINGS.run.model_dump() | {"skip_idle_users": False}}
+    )
+    run(engine, off, jobs=["ttl_expiry"])
+    with engine.connect() as conn:
+        batched = conn.execute(
+            sa.text(
+                "SELECT array_agg(u ORDER BY u) FROM gc_runs r"
+                " LEFT JOIN gc_run_batches b ON b.run_id = r.id"
+                " LEFT JOIN LATERAL unnest(b.users) u ON true"
+                " GROUP BY r.id, r.started_at ORDER BY r.started_at"
+            )
+        ).scalars()
+        assert list(batched) == [["busy"], [None], ["busy", "idle"]]
+
+
+def test_a_job_that_cannot_answer_keeps_every_user_batched(engine):
+    """compaction has no scan: every user is batched, but ttl_expiry still reads only its own."""
+    seed(engine, [row("busy", "r", expires_at=NOW - DAY), row("idle", "r", importance=5)])
+    with engine.connect() as conn:
+        work = triage.scan(conn, ["busy", "idle"], ["ttl_expiry", "compaction"], SETTINGS, NOW)
+    assert work == {"ttl_expiry": {"busy"}}
+    assert triage.with_work(["busy", "idle"], ["ttl_expiry", "compaction"], work) == [
+        "busy",
+        "idle",
+    ]
+    assert triage.for_batch(work, ["busy", "idle"]) == {"ttl_expiry": ["busy"]}
