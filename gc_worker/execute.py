@@ -143,7 +143,7 @@ def _purge(conn: Connection, actions: list[Action]) -> None:
         return
     ids = [a.memory_id for a in actions]
     _checked(conn, "purge_rows", {"ids": ids}, len(ids))
-    conn.execute(q("scrub_audit"), {"ids": ids})
+    conn.execute(q("scrub_audit"), {"ids": ids, "id_texts": [str(i) for i in ids]})
 
 
 def _queue_reviews(conn: Connection, actions: list[Action], run_id: UUID | None) -> None:

@@ -17,6 +17,7 @@ from jobs.compaction import exact_duplicates, find_groups
 from jobs.compaction_records import merge_depth, merged_record
 from tests.conftest import TEST_DIM
 from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
+from tests.test_erasure_helpers import count
 
 
 def unit(angle: float, axis: int = 1) -> list[float]:
@@ -209,6 +210,24 @@ class TestOffline:
         report = run(engine, settings, jobs=["compaction"])
         for fmt in ("md", "html"):
             assert str(first)[:8] in render.render(report, fmt)
+
+    def test_purging_a_member_scrubs_the_deferred_group_preview(self, engine, settings):
+        """A deferred group's audit row (no memory_id of its own) previews a member's text;
+        when the members are purged, that preview goes with them."""
+        first = add(engine, "u1", "secret: owes Bob 500", created_at=days_ago(3), embedding=E0)
+        second = add(engine, "u1", "secret: owes Bob 50", created_at=days_ago(2),
+                     embedding=at_similarity(0.99))  # fmt: skip
+        [deferred] = run(engine, settings, jobs=["compaction"])["actions"]
+        assert deferred["memory_id"] is None and "secret" in deferred["details"]["content"]
+        execute(engine, "UPDATE memories SET status = 'deleted', status_reason = 'ttl_expired',"
+                " deleted_at = :at, status_changed_at = :at WHERE id IN (:a, :b)",
+                at=days_ago(400), a=first, b=second)  # fmt: skip
+        purged = run(engine, settings, jobs=["hard_delete"])
+        assert {a["memory_id"] for a in purged["actions"]} == {str(first), str(second)}
+        assert (
+            count(engine, "SELECT count(*) FROM gc_actions WHERE content_preview LIKE '%secret%'")
+            == 0
+        )
 
     def test_paraphrases_are_deferred_as_one_group(self, engine, settings):
         """A group needing the LLM is one deferred action listing every member."""

@@ -256,6 +256,20 @@ class TestErasureRun:
         }
         assert status(engine, keep) == status(engine, new) == "active"
 
+    def test_erasing_a_member_scrubs_the_deferred_group_preview(self, engine, settings):
+        """A deferred group (offline near-duplicates) previews one member's text in an audit
+        row with no memory_id; erasing either member removes that preview."""
+        a = add(engine, "u1", "secret: owes Bob 500", embedding=[1.0] + [0.0] * 7)
+        add(engine, "u1", "secret: owes Bob 50", embedding=[0.999, 0.04] + [0.0] * 6)
+        [deferred] = run(engine, settings, jobs=["compaction"])["actions"]
+        assert deferred["memory_id"] is None and "secret" in deferred["details"]["content"]
+        file(engine, memory_id=a)
+        run(engine, settings, jobs=["erasure"])
+        assert (
+            count(engine, "SELECT count(*) FROM gc_actions WHERE content_preview LIKE '%secret%'")
+            == 0
+        )
+
     def test_erasure_is_not_restorable(self, engine, settings):
         """restore --run of an erasure run brings nothing back."""
         m = add(engine, "u1")

@@ -62,7 +62,11 @@ ON CONFLICT DO NOTHING
 DELETE FROM memories WHERE id = ANY(:ids) RETURNING id
 
 -- scrub_audit --
--- Remove purged rows' content from the audit and plans.
+-- Remove purged rows' content from the audit and plans: their own actions, and the preview of a
+-- deferred group (no memory_id; details.memory_ids) that one of them is a member of.
 UPDATE gc_actions
 SET content_preview = NULL, details = details - 'record' - 'content'
-WHERE memory_id = ANY(:ids) AND (content_preview IS NOT NULL OR details ?| array['record', 'content'])
+WHERE (memory_id = ANY(:ids)
+       AND (content_preview IS NOT NULL OR details ?| array['record', 'content']))
+   OR (memory_id IS NULL AND content_preview IS NOT NULL
+       AND details -> 'memory_ids' ?| CAST(:id_texts AS text[]))
