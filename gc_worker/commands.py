@@ -172,8 +172,10 @@ def cmd_runs(args: argparse.Namespace, ctx: Context) -> int:
 
     with ctx.engine().connect() as conn:
         for row in conn.execute(q("recent_runs"), {"limit": args.limit}):
-            print(f"{row.id}  {row.mode:<8} {row.status:<10} now={row.now.isoformat()} "
-                  f"started={row.started_at:%Y-%m-%d %H:%M:%S}")  # fmt: skip
+            print(
+                f"{row.id}  {row.mode:<8} {row.status:<10} {row.trigger:<13} "
+                f"now={row.now.isoformat()} started={row.started_at:%Y-%m-%d %H:%M:%S}"
+            )
     return 0
 
 

@@ -20,7 +20,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -35,6 +35,7 @@ from gc_worker.engine import (
     WORKER_ID,
     RunRequest,
     load_run,
+    participating,
     process_run,
     resolve_jobs,
     settings_of,
@@ -49,6 +50,9 @@ log = structlog.get_logger("memory_gc")
 RESUMABLE = (scheduler.NIGHTLY_TRIGGER, scheduler.APPLY_TRIGGER)
 SWEEP_TRIGGER = "sweep"
 UPKEEP_SECONDS = 30.0
+# While the sweep loop works a sweep, /healthz stays green as long as batches keep committing
+# at most this far apart (one batch of LLM calls can take minutes; a hung one cannot).
+BUSY_LIMIT_SECONDS = 900.0
 Clock = Callable[[], datetime]
 
 
@@ -77,6 +81,8 @@ class Daemon:
         os.set_blocking(self._wake_w, False)
         self.failures = 0
         self.last_loop = time.monotonic()
+        self.last_progress = self.last_loop  # a batch committed by any run this daemon works
+        self.sweeping = False  # the sweep loop is inside a unit of work
 
     # -- stopping and health -------------------------------------------------------------
 
@@ -95,10 +101,18 @@ class Daemon:
         return self._wake_w
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        age = time.monotonic() - self.last_loop
-        limit = max(60.0, 10 * self.settings.schedule.poll_seconds)
+        """Healthy while the sweep loop turns; while it works a sweep (which may take minutes
+        of LLM calls), while batches keep committing (``BUSY_LIMIT_SECONDS`` apart at most)."""
+        now = time.monotonic()
+        age = now - self.last_loop
+        if self.sweeping:
+            age = min(age, now - self.last_progress)
+            limit = BUSY_LIMIT_SECONDS
+        else:
+            limit = max(60.0, 10 * self.settings.schedule.poll_seconds)
         ok = not self.stopping() and age <= limit
-        return ok, {"worker": WORKER_ID, "stopping": self.stopping(), "loop_age_seconds": age}
+        return ok, {"worker": WORKER_ID, "stopping": self.stopping(), "loop_age_seconds": age,
+                    "sweeping": self.sweeping}  # fmt: skip
 
     def close(self) -> None:
         """Release the wake-up pipe (after ``serve`` / ``run_once`` returned)."""
@@ -182,7 +196,7 @@ class Daemon:
         try:
             while not self.stopping():
                 self.last_loop = time.monotonic()
-                while not self.stopping() and self.attempt(self.sweep_next):
+                while not self.stopping() and self._sweep_step():
                     self.last_loop = time.monotonic()
                 self.attempt(self._poll_queue_gauge)
                 listener.wait(self.settings.schedule.poll_seconds)
@@ -191,9 +205,16 @@ class Daemon:
             listener.close()
             log.info("gc.daemon.stopped", worker=WORKER_ID)
 
+    def _sweep_step(self) -> bool:
+        self.sweeping = True
+        try:
+            return bool(self.attempt(self.sweep_next))
+        finally:
+            self.sweeping = False
+
     def work(self, run_id: UUID) -> bool:
         """Take part in a run until it has no pending batch (or we stop); True if completed."""
-        with self._participating(run_id):
+        with participating(self.engine, run_id):
             with self.engine.connect() as conn:
                 run = load_run(conn, run_id)
             if run["status"] != "running":
@@ -202,8 +223,8 @@ class Daemon:
             try:
                 done = process_run(
                     self.engine, run_id, settings_of(run), llm=llm, should_stop=self.stopping,
-                    on_batch=lambda _: self.metrics.batches_committed(
-                        self.engine, run_id, run["trigger"]),
+                    participate=False,
+                    on_batch=lambda _: self._batch_committed(run_id, run["trigger"]),
                 )  # fmt: skip
             except Exception:
                 self.metrics.run_finished(self.engine, run_id)
@@ -215,6 +236,10 @@ class Daemon:
         return done
 
     # -- internals -----------------------------------------------------------------------
+
+    def _batch_committed(self, run_id: UUID, trigger: str) -> None:
+        self.last_progress = time.monotonic()
+        self.metrics.batches_committed(self.engine, run_id, trigger)
 
     def _serve_sweep(self, claim: sweeps.SweepClaim) -> None:
         if claim.attempts > sweeps.MAX_ATTEMPTS:
@@ -267,22 +292,6 @@ class Daemon:
                     orphans.append(run_id)
             conn.commit()
         return orphans
-
-    @contextlib.contextmanager
-    def _participating(self, run_id: UUID) -> Iterator[None]:
-        """Hold the run's shared advisory lock on a connection of our own while we work it."""
-        conn = self.engine.connect()
-        try:
-            conn.execute(q("lock_run_shared"), {"run_id": run_id})
-            conn.commit()
-            yield
-        finally:
-            try:
-                conn.execute(q("unlock_run_shared"), {"run_id": run_id})
-                conn.commit()
-            except Exception:
-                conn.invalidate()  # closing the session releases the lock
-            conn.close()
 
     def _poll_queue_gauge(self) -> None:
         self.metrics.sweep_queue.set(sweeps.pending_count(self.engine))

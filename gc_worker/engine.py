@@ -13,10 +13,11 @@ dies is rolled back and taken by the next worker. Inside a batch:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -95,9 +96,16 @@ def start_run(
 
 
 def start_apply(engine: Engine, plan_run_id: UUID, *, trigger: str = "cli") -> UUID:
-    """Record an apply run of a completed dry run (refused if it was already applied)."""
+    """Record an apply run of a completed dry run (refused if it was already applied).
+
+    If an earlier apply of the same plan stopped before its end (the process was killed, or a
+    batch failed) and nobody is working it, that apply run is taken up again instead: its
+    committed batches stay, its pending ones are applied, as if it had never stopped.
+    """
     with transaction(engine) as conn:
         plan = load_run(conn, plan_run_id)
+        if plan["mode"] == "dry_run" and plan["applied_by"] is not None:
+            return _resume_apply(conn, plan)
         _check_plan(plan)
         run_id = uuid4()
         row = {
@@ -115,6 +123,39 @@ def start_apply(engine: Engine, plan_run_id: UUID, *, trigger: str = "cli") -> U
             raise UsageError(f"run {plan_run_id} is already being applied; see `memory-gc report`")
         conn.execute(q("copy_batches"), {"run_id": run_id, "plan_run_id": plan_run_id})
     return run_id
+
+
+def _resume_apply(conn: Connection, plan: dict[str, Any]) -> UUID:
+    apply_id = plan["applied_by"]
+    status = load_run(conn, apply_id)["status"]
+    if status not in ("running", "failed"):
+        raise UsageError(f"run {plan['id']} was already applied by run {apply_id}")
+    if not conn.execute(q("try_run_exclusive"), {"run_id": apply_id}).scalar():
+        raise UsageError(
+            f"run {plan['id']} is being applied by run {apply_id} right now; see `memory-gc report`"
+        )
+    conn.execute(q("unlock_run_exclusive"), {"run_id": apply_id})
+    conn.execute(q("resume_run"), {"run_id": apply_id})
+    log.info("gc.apply_resumed", run_id=str(apply_id), plan_run_id=str(plan["id"]), was=status)
+    return apply_id
+
+
+@contextlib.contextmanager
+def participating(engine: Engine, run_id: UUID) -> Iterator[None]:
+    """Hold the run's shared advisory lock on a connection of our own while we work it: a run
+    nobody holds is stopped (killed or failed) and may be taken up again."""
+    conn = engine.connect()
+    try:
+        conn.execute(q("lock_run_shared"), {"run_id": run_id})
+        conn.commit()
+        yield
+    finally:
+        try:
+            conn.execute(q("unlock_run_shared"), {"run_id": run_id})
+            conn.commit()
+        except Exception:
+            conn.invalidate()  # closing the session releases the lock
+        conn.close()
 
 
 def _check_plan(plan: dict[str, Any]) -> None:
@@ -143,11 +184,19 @@ def process_run(
     llm: Any = None,
     on_batch: Callable[[int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    participate: bool = True,
 ) -> bool:
     """Work through the run's pending batches; True when this call completed the run.
 
     ``should_stop`` is asked between batches (SIGTERM: finish the current batch, then return).
+    ``participate=False``: the caller already holds the run's participation lock (the daemon).
     """
+    if participate:
+        with participating(engine, run_id):
+            return process_run(
+                engine, run_id, settings, llm=llm, on_batch=on_batch, should_stop=should_stop,
+                participate=False,
+            )  # fmt: skip
     with engine.connect() as conn:
         run = load_run(conn, run_id)
     structlog.contextvars.bind_contextvars(run_id=str(run_id), dry_run=run["mode"] == "dry_run")

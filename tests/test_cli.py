@@ -56,6 +56,20 @@ class TestHappyPath:
         out = capsys.readouterr().out
         assert run_id in out
 
+    def test_runs_lists_mode_status_and_trigger(self, engine, cli_env, capsys):
+        """runs lists recent runs, newest first, with what started them."""
+        seeded(engine)
+        main(["run", "--dry-run", "--now", NOW_ARG])
+        plan_id = run_id_from(capsys.readouterr().out)
+        main(["apply", plan_id])
+        apply_id = run_id_from(capsys.readouterr().out)
+        assert main(["runs"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split()[:4] for line in lines[:2]] == [
+            [apply_id, "apply", "completed", "cli"],
+            [plan_id, "dry_run", "completed", "cli"],
+        ]
+
     def test_migrate_is_idempotent(self, cli_env, capsys):
         """migrate on a current schema says so and changes nothing."""
         assert main(["migrate"]) == 0

@@ -19,7 +19,7 @@ from gc_worker import audit
 from gc_worker import engine as gc_engine
 from gc_worker import execute as executor
 from gc_worker.config import Settings
-from gc_worker.errors import DatabaseUnavailable, WriteConflict
+from gc_worker.errors import DatabaseUnavailable, UsageError, WriteConflict
 from tests.fake_model import FakeModel, fake_port
 from tests.seeding import (
     Reusable,
@@ -192,6 +192,73 @@ class TestAbortInsideBatch:
         gc_engine.apply_plan(engine, fresh)
         run(twin, BATCHED)
         assert end_state(engine, ids) == end_state(twin, ids)
+
+
+class TestApplyTakenUpAgain:
+    """`memory-gc apply RUN_ID` of a plan whose apply stopped part-way takes that apply up
+    again: the batches it committed stay, the rest are applied, the end state is an
+    undisturbed run's."""
+
+    def plan(self, engine: sa.Engine, twin: sa.Engine) -> tuple[set[UUID], UUID]:
+        ids = seed_both(engine, twin, [r for u in USERS for r in lifecycle_rows(u)])
+        run(twin, BATCHED)
+        return ids, UUID(run(engine, BATCHED, dry_run=True)["run_id"])
+
+    def test_after_a_failed_batch(self, engine, twin, monkeypatch):
+        ids, plan = self.plan(engine, twin)
+        monkeypatch.setattr(
+            audit, "record_outcome", failing_on(2, audit.record_outcome, raise_injected)
+        )
+        with pytest.raises(Injected):
+            gc_engine.apply_plan(engine, plan)
+        monkeypatch.undo()
+        assert [state for state, _ in batch_outcome_of(engine, plan).values()] == [
+            "done", "pending", "pending"
+        ]  # fmt: skip
+        resumed = gc_engine.apply_plan(engine, plan)
+        assert resumed == applied_by(engine, plan)
+        assert run_status(engine, resumed) == "completed"
+        assert end_state(engine, ids) == end_state(twin, ids)
+
+    def test_after_the_process_was_killed(self, engine, twin):
+        """A process that stopped after one batch (killed: it holds no lock any more)."""
+        ids, plan = self.plan(engine, twin)
+        apply_id = gc_engine.start_apply(engine, plan)
+        stops = iter([False, True])
+        gc_engine.process_run(engine, apply_id, BATCHED, should_stop=lambda: next(stops))
+        assert run_status(engine, apply_id) == "running"
+        assert gc_engine.apply_plan(engine, plan) == apply_id
+        assert run_status(engine, apply_id) == "completed"
+        assert end_state(engine, ids) == end_state(twin, ids)
+
+    def test_refused_while_someone_applies_it_or_once_it_is_done(self, engine, twin):
+        _, plan = self.plan(engine, twin)
+        apply_id = gc_engine.start_apply(engine, plan)
+        with (
+            gc_engine.participating(engine, apply_id),
+            pytest.raises(UsageError, match="right now"),
+        ):
+            gc_engine.start_apply(engine, plan)
+        gc_engine.process_run(engine, apply_id, BATCHED)
+        with pytest.raises(UsageError, match="already applied"):
+            gc_engine.start_apply(engine, plan)
+
+
+def batch_outcome_of(engine: sa.Engine, plan: UUID) -> dict[int, tuple[str, int]]:
+    apply_id = applied_by(engine, plan)
+    query = "SELECT batch_no, state FROM gc_run_batches WHERE run_id = :r ORDER BY batch_no"
+    with engine.connect() as conn:
+        return {no: (state, 0) for no, state in conn.execute(sa.text(query), {"r": apply_id})}
+
+
+def applied_by(engine: sa.Engine, plan: UUID) -> UUID:
+    with engine.connect() as conn:
+        return gc_engine.load_run(conn, plan)["applied_by"]
+
+
+def run_status(engine: sa.Engine, run_id: UUID) -> str:
+    with engine.connect() as conn:
+        return gc_engine.load_run(conn, run_id)["status"]
 
 
 def terminate_backend(conn: Any, *_: Any, **__: Any) -> None:

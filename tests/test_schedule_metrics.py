@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
+from gc_worker import daemon as daemon_module
 from gc_worker import sweeps
 from gc_worker.config import LLMSettings, Runtime, Settings
 from gc_worker.daemon import Daemon
@@ -153,6 +154,7 @@ class TestMetricsEndpoint:
         execute(engine, "INSERT INTO gc_sweep_requests (user_id) VALUES ('ghost')")
         while daemon.sweep_next():
             pass
+        assert daemon.last_progress > daemon.last_loop  # the sweep's batch was a sign of life
         metrics = scrape(url + "/metrics")
         assert sample(metrics, "memory_gc_sweep_requests_total", status="done") == 1
         assert sample(metrics, "memory_gc_sweep_requests_total", status="failed") == 1
@@ -175,6 +177,22 @@ class TestHealth:
         daemon, url = endpoint
         daemon.last_loop -= 61
         assert get(url + "/healthz")[0] == 503
+
+    def test_a_long_sweep_stays_healthy_while_batches_commit(self, endpoint):
+        """Inside a sweep the loop does not turn; health then follows committed batches, up to
+        BUSY_LIMIT_SECONDS apart (a liveness probe must not kill a pod mid-sweep)."""
+        daemon, url = endpoint
+        daemon.sweeping = True
+        try:
+            daemon.last_loop -= 600
+            daemon.last_progress = daemon.last_loop + 300
+            assert get(url + "/healthz")[0] == 200
+            daemon.last_loop -= daemon_module.BUSY_LIMIT_SECONDS
+            daemon.last_progress -= daemon_module.BUSY_LIMIT_SECONDS
+            code, body = get(url + "/healthz")
+            assert code == 503 and json.loads(body)["sweeping"] is True
+        finally:
+            daemon.sweeping = False
 
     def test_unknown_path_is_404(self, endpoint):
         """Anything else is 404 with a hint."""

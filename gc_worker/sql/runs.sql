@@ -52,6 +52,11 @@ RETURNING id
 UPDATE gc_runs SET status = 'failed', finished_at = clock_timestamp(), error = :error
 WHERE id = :run_id AND status = 'running'
 
+-- resume_run --
+-- Take up a stopped run again (killed, or failed in a batch): its pending batches get worked.
+UPDATE gc_runs SET status = 'running', finished_at = NULL, error = NULL
+WHERE id = :run_id AND status IN ('running', 'failed')
+
 -- get_run --
 -- One run.
 SELECT * FROM gc_runs WHERE id = :run_id
