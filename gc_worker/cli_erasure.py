@@ -66,6 +66,13 @@ def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
         engine, ctx.settings, now=parse_now(args.now), purge_now=args.purge_now, **target
     )
     what = f"user {request.user_id}" if request.kind == "user" else f"memory {request.memory_id}"
+    if request.status == "completed":
+        asked = target.get("user_id") or target.get("memory_id")
+        print(
+            f"{asked} was already erased by request {request.id} ({what}); nothing is left to "
+            f"erase. `memory-gc verify-erasure {_verify_arg(request)}` checks for residues"
+        )
+        return 0
     state = "filed" if request.created else "already pending (same request)"
     print(f"erasure request {request.id} for {what}: {state}")
     if run_id is None:

@@ -78,12 +78,14 @@ def file_request(
     if memory_id is not None:
         owner = conn.execute(q("erasure_memory_owner"), {"memory_id": memory_id}).first()
         if owner is None:
-            raise NotFoundError(f"no memory with id {memory_id}; nothing was changed")
+            return _already_erased(conn, None, memory_id) or _not_found(
+                f"no memory with id {memory_id}; nothing was changed"
+            )
         kind, user_id = "memory", owner.user_id
     else:
         known = conn.execute(q("known_users"), {"users": [user_id]}).first()
         if known is None:
-            raise NotFoundError(
+            return _already_erased(conn, user_id, None) or _not_found(
                 f"no memories for user {user_id!r}; check the id (nothing was changed)"
             )
         kind = "user"
@@ -91,6 +93,20 @@ def file_request(
               "purge_now": purge_now, "requested_by": requested_by}  # fmt: skip
     row = conn.execute(q("erasure_file_request"), params).mappings().one()
     return FiledRequest(**row)
+
+
+def _already_erased(
+    conn: Connection, user_id: str | None, memory_id: UUID | None
+) -> FiledRequest | None:
+    """The completed request that already erased (and purged) this target, if any: asking
+    again is then answered with it, not with "no such user / memory"."""
+    params = {"user_id": user_id, "memory_id": memory_id}
+    row = conn.execute(q("erasure_completed_for"), params).mappings().first()
+    return None if row is None else FiledRequest(**row, created=False)
+
+
+def _not_found(message: str) -> FiledRequest:
+    raise NotFoundError(message)
 
 
 def get_request(conn: Connection, request_id: UUID) -> dict[str, Any]:
@@ -114,7 +130,7 @@ def forget(
 
     with transaction(engine) as conn:
         request = file_request(conn, user_id=user_id, memory_id=memory_id, purge_now=purge_now)
-    if not purge_now:
+    if not purge_now or request.status == "completed":
         return request, None
     run = gc_engine.RunRequest(
         mode="apply", now=now, users=(request.user_id,), jobs=(JOB,), trigger="erasure"

@@ -160,6 +160,23 @@ class TestCommandLine:
         assert "0 residues" in capsys.readouterr().out
         assert full_text_scan(engine, ["Prefers oolong", "eighty degrees"]) == []
 
+    def test_asking_again_after_the_purge_says_it_is_done(self, engine, settings, cli_env,
+                                                           capsys):  # fmt: skip
+        """Repeating forget-user / forget once the target is purged answers with the completed
+        request (exit 0), files nothing new; an id that never existed is still exit 2."""
+        ids = seed_history(engine, settings)
+        assert main(["forget", str(ids["tea"]), "--purge-now"]) == 0
+        assert main(["forget-user", "u1", "--purge-now", "--now", NOW.isoformat()]) == 0
+        before = requests(engine)
+        capsys.readouterr()
+        for args in (["forget-user", "u1"], ["forget", str(ids["tea"]), "--purge-now"]):
+            assert main(args) == 0
+            out = capsys.readouterr().out
+            assert "was already erased by request" in out and "verify-erasure" in out
+        assert requests(engine) == before
+        assert main(["forget-user", "never-existed"]) == 2
+        assert "no memories for user" in capsys.readouterr().err
+
     def test_forget_without_purge_files_a_pending_request_once(self, engine, cli_env, capsys):
         """forget-user twice files one request and says the second is the same."""
         add(engine, "u1")
@@ -198,3 +215,37 @@ class TestCommandLine:
         assert main(argv) == 2
         assert message in capsys.readouterr().err
         assert snapshot(engine) == before and requests(engine) == []
+
+
+class TestForgetAfterTheRealJobs:
+    def test_every_trace_the_jobs_made_is_removed(self, engine, settings):
+        """The traces come from the jobs themselves (an LLM merge and its embedding, a judged
+        contradiction pair, importance scores, a stored dry-run plan) through the fake model at
+        the HTTP boundary — not seeded. forget-user --purge-now then leaves no residue for
+        verify-erasure, none in a database-wide text scan, and no cached decision of the user."""
+        from tests.fake_model import FakeModel, fake_port
+        from tests.test_compaction import E0, at_similarity
+
+        rows = [
+            ("Keeps a parrot named Quokkaberry", E0),
+            ("Has a pet parrot called Quokkaberry", at_similarity(0.95)),
+            # judged by the contradiction job (cosine 0.8), far from the parrot pair
+            ("Commutes to Zanzibarville by ferry", [0.0] * 4 + [1.0, 0.0, 0.0, 0.0]),
+            ("Commutes to Zanzibarville by plane", [0.0] * 4 + [0.8, 0.6, 0.0, 0.0]),
+        ]
+        for text, vector in rows:
+            add(engine, "u1", text, embedding=vector)
+        bystander = add(engine, "u2", "Keeps bees in the garden", embedding=E0)
+        markers = ["quokkaberry", "zanzibarville"]
+        with fake_port(engine, settings, FakeModel("good")) as llm:
+            run(engine, settings, dry_run=True, llm=llm)
+            applied = run(engine, settings, llm=llm)
+        assert "create_merged" in {a["action"] for a in applied["actions"]}
+        assert count(engine, "SELECT count(*) FROM gc_llm_cache WHERE user_id = 'u1'") >= 3
+        assert {t for t, _, _ in full_text_scan(engine, markers)} >= {"memories", "gc_actions",
+                                                                       "gc_llm_cache"}  # fmt: skip
+        erasure.forget(engine, settings, now=NOW + DAY, user_id="u1", purge_now=True)
+        assert verify(engine, now=NOW + DAY, user_id="u1").residues == []
+        assert full_text_scan(engine, markers) == []
+        assert count(engine, "SELECT count(*) FROM gc_llm_cache WHERE user_id = 'u1'") == 0
+        assert status(engine, bystander) == "active"

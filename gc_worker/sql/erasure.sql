@@ -47,9 +47,11 @@ SELECT * FROM unnest(CAST(:owners AS text[]), CAST(:ids AS uuid[]), CAST(:hashes
 ON CONFLICT DO NOTHING
 
 -- erasure_scrub_actions --
--- Strip content from the audit and plans of erased memories; ids, action and reason stay.
+-- Strip content from the audit and plans of erased memories; ids, action and reason stay. Every
+-- row that names an erased memory loses its preview: a deferred group's preview (no memory_id)
+-- is one of its members' text, whichever member is erased.
 UPDATE gc_actions a
-SET content_preview = CASE WHEN a.memory_id = ANY(:ids) THEN NULL ELSE a.content_preview END,
+SET content_preview = NULL,
     details = coalesce((SELECT jsonb_object_agg(d.key, d.value)
                         FROM jsonb_each(CASE WHEN jsonb_typeof(a.details) = 'object'
                                              THEN a.details END) AS d
@@ -107,6 +109,20 @@ ON CONFLICT (kind, user_id, coalesce(memory_id, '00000000-0000-0000-0000-0000000
     WHERE status = 'pending'
 DO UPDATE SET purge_now = gc_erasure_requests.purge_now OR EXCLUDED.purge_now
 RETURNING id, kind, user_id, memory_id, status, purge_now, requested_at, (xmax = 0) AS created
+
+-- erasure_completed_for --
+-- The latest completed request that erased this user (a user request) or this memory (named by
+-- the request, or tombstoned by it), for a target no longer in memories.
+SELECT r.id, r.kind, r.user_id, r.memory_id, r.status, r.purge_now, r.requested_at
+FROM gc_erasure_requests r
+WHERE r.status = 'completed'
+  AND ((CAST(:user_id AS text) IS NOT NULL AND r.kind = 'user' AND r.user_id = :user_id)
+    OR (CAST(:memory_id AS uuid) IS NOT NULL
+        AND (r.memory_id = :memory_id
+             OR EXISTS (SELECT 1 FROM gc_erasure_tombstones t
+                        WHERE t.memory_id = :memory_id AND t.request_id = r.id))))
+ORDER BY r.completed_at DESC
+LIMIT 1
 
 -- erasure_memory_owner --
 -- The owner and state of one memory.
