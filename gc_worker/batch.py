@@ -31,6 +31,7 @@ class JobStats:
     llm_calls: int = 0
     refreshed: int = 0
     drifted: int = 0
+    not_asked: int = 0  # candidate pairs a per-memory limit kept from the LLM (contradiction)
 
     def as_dict(self) -> dict[str, int]:
         return {k: v for k, v in vars(self).items()}

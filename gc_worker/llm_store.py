@@ -50,7 +50,7 @@ def open_run_llm(
         embedding_dim=settings.embeddings.dim,
         timeout_seconds=settings.llm.timeout_seconds,
         max_calls_per_run=settings.llm.max_calls_per_run,
-        max_tokens_per_run=settings.llm.max_tokens_per_run or None,
+        max_tokens_per_run=settings.llm.max_tokens_per_run,
         max_retries=settings.llm.max_retries,
     )
     return open_llm(options, http_client=http_client, cache=PostgresDecisionCache(engine))

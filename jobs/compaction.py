@@ -159,7 +159,9 @@ def embed_merges(ctx: BatchContext, gate: ModelGate, merges: Sequence[Merge]) ->
                 merge.embedding = cached["embedding"]
                 gate.llm.budget.count("cache_hits")
     missing = [m for m in need if m.embedding is None]
-    vectors = _embed(gate, missing) if missing else None
+    # `[embeddings] model = ""`: no embeddings model is configured, the centroid is the answer
+    modelled = not gate.offline and bool(gate.llm.options.embedding_model)
+    vectors = _embed(gate, missing) if missing and modelled else None
     for index, merge in enumerate(missing):
         if vectors is None:
             merge.embedding = centroid_of([m.embedding for m in merge.members])

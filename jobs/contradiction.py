@@ -24,7 +24,9 @@ Per user, over active rows (jobs.contradiction_rules has the rules in full):
 
 A pair with an open review, or one a person dismissed, is left alone (no new review, no call).
 Every action on a pair carries the group ``contradiction:<older>:<newer>``. Embedded rows whose
-vector is unusable (wrong size, zero, non-finite) are counted in ``skipped``.
+vector is unusable (wrong size, zero, non-finite) are counted in ``skipped``; similar pairs left
+out by ``max_pairs_per_memory`` in ``not_asked`` (they are not listed as deferred: a cluster of
+near-copies would otherwise list n(n−1)/2 pairs).
 """
 
 from __future__ import annotations
@@ -85,8 +87,9 @@ def plan_contradiction(
     judge: Judge,
     blocked: set[frozenset] | None = None,
     max_pairs_per_memory: int | None = None,
-) -> tuple[list[Action], int]:
-    """One user's actions and the number of rows skipped for an unusable embedding."""
+) -> tuple[list[Action], int, int]:
+    """One user's actions, the number of rows skipped for an unusable embedding, and the
+    number of similar pairs not asked about because of ``max_pairs_per_memory``."""
     state = _Plan(blocked or set())
     finished = validity_ended(rows, now=now)
     state.actions += [ended(row) for row in finished]
@@ -97,12 +100,13 @@ def plan_contradiction(
     kept, vectors, skipped = with_embeddings([r for r in live if r.id not in state.lost], dim)
     by_id = {row.id: row for row in kept}
     pairs = pairs_above([r.id for r in kept], vectors, similarity=similarity)
-    for a, b, score in nearest_pairs(pairs, max_pairs_per_memory):
+    asked = nearest_pairs(pairs, max_pairs_per_memory)
+    for a, b, score in asked:
         older, newer = ordered(by_id[a], by_id[b])
         pair = Pair(older, newer, winner=newer, basis="similar", similarity=score)
         if state.open(pair) and _worth_asking(pair):
             state.add(pair, _judged(pair, judge(older, newer), now=now))
-    return state.actions, skipped
+    return state.actions, skipped, len(pairs) - len(asked)
 
 
 def nearest_pairs(pairs: Sequence[tuple], limit: int | None) -> list[tuple]:
@@ -169,7 +173,7 @@ def plan(ctx: BatchContext) -> list[Action]:
                 size=2,
             )
 
-        user_actions, skipped = plan_contradiction(
+        user_actions, skipped, not_asked = plan_contradiction(
             rows,
             now=ctx.now,
             similarity=settings.contradiction.similarity,
@@ -180,4 +184,5 @@ def plan(ctx: BatchContext) -> list[Action]:
         )
         actions += user_actions
         ctx.job_stats(NAME).skipped += skipped
+        ctx.job_stats(NAME).not_asked += not_asked
     return actions

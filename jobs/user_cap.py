@@ -233,11 +233,13 @@ def failure_reason(ctx: BatchContext, exc: Exception) -> str:
 def summary_embedding(
     ctx: BatchContext, text: str, fold: Sequence[Any], full: Mapping[UUID, Any]
 ) -> tuple[list[float] | None, str]:
-    """(embedding, where it came from): the embeddings port, else the members' centroid."""
-    try:
-        return ctx.llm.embed([text])[0], "embeddings_model"
-    except LLMError as exc:
-        log.warning("user_cap.summary_embedding_failed", error=str(exc))
+    """(embedding, where it came from): the embeddings port, else the members' centroid (the
+    port failed, or ``[embeddings] model = ""`` configures none)."""
+    if ctx.llm.options.embedding_model:
+        try:
+            return ctx.llm.embed([text])[0], "embeddings_model"
+        except LLMError as exc:
+            log.warning("user_cap.summary_embedding_failed", error=str(exc))
     vectors = [json.loads(full[row.id].embedding) for row in fold if full[row.id].embedding]
     if not vectors:
         return None, "none"

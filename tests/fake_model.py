@@ -159,7 +159,7 @@ def fake_port(engine: sa.Engine, settings: Settings, model: FakeModel) -> LLMPor
         embedding_dim=settings.embeddings.dim,
         timeout_seconds=settings.llm.timeout_seconds,
         max_calls_per_run=settings.llm.max_calls_per_run,
-        max_tokens_per_run=settings.llm.max_tokens_per_run or None,
+        max_tokens_per_run=settings.llm.max_tokens_per_run,
         max_retries=settings.llm.max_retries,
         backoff_base_seconds=0,
     )

@@ -218,6 +218,20 @@ class TestOffline:
             run(engine, settings, jobs=["contradiction"])["jobs"]["contradiction"]["skipped"] == 1
         )
 
+    def test_pairs_over_the_per_memory_limit_are_counted(self, engine, settings):
+        """Four near-copies (6 similar pairs) with max_pairs_per_memory = 1: two disjoint pairs
+        are asked (offline: deferred), the other four are counted in not_asked."""
+        for i, text in enumerate(["Lives in Rome", "Lives in Milan", "Lives in Turin",
+                                  "Lives in Genoa"]):  # fmt: skip
+            add(engine, "u1", text, embedding=at_similarity(1.0 - i * 0.01))
+        limited = settings.model_copy(
+            update={"contradiction": settings.contradiction.model_copy(
+                update={"max_pairs_per_memory": 1})}
+        )  # fmt: skip
+        report = run(engine, limited, jobs=["contradiction"])
+        assert [a["action"] for a in report["actions"]] == ["deferred", "deferred"]
+        assert report["jobs"]["contradiction"]["not_asked"] == 4
+
 
 class TestNearestPairs:
     def test_each_memory_joins_at_most_limit_pairs(self):

@@ -264,6 +264,17 @@ class TestDeferred:
         )
         assert report["jobs"]["importance"]["errors"] == 0
 
+    @pytest.mark.parametrize("limit", ["max_calls_per_run", "max_tokens_per_run"])
+    def test_a_zero_budget_sends_nothing(self, engine, make_llm, limit) -> None:
+        """[llm] max_calls_per_run = 0 and max_tokens_per_run = 0 both mean: no request at all
+        (everything deferred as llm_budget), not "unlimited"."""
+        seed_three(engine)
+        settings = with_options(llm={limit: 0})
+        llm, server = make_llm(scored_by_content(SCORES), settings=settings)
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        assert server.requests == []
+        assert {a["reason"] for a in report["actions"]} == {"llm_budget"}
+
 
 class TestScoringBatches:
     def row(self, user_id: str) -> SimpleNamespace:

@@ -244,6 +244,21 @@ class TestCompactionDecisions:
         assert merged["metadata"]["embedding_source"] == "centroid"
         assert report["jobs"]["compaction"]["errors"] == 1
 
+    def test_no_embeddings_model_means_the_centroid_without_a_call(
+        self, engine, settings, make_llm
+    ):
+        """`[embeddings] model = ""`: the merged record gets the members' normalised centroid,
+        flagged, with no embeddings request and no error."""
+        seed_tea(engine)
+        server = FakeOpenAI()
+        report = run(engine, settings, jobs=["compaction"],
+                     llm=make_llm(server, embedding_model=""))  # fmt: skip
+        [created] = [x for x in report["actions"] if x["action"] == "create_merged"]
+        merged = get(engine, UUID(created["memory_id"]))
+        assert merged["metadata"]["embedding_source"] == "centroid"
+        assert (server.count("/chat/completions"), server.count("/embeddings")) == (1, 0)
+        assert report["jobs"]["compaction"]["errors"] == 0
+
     def test_exact_duplicates_need_no_call(self, engine, settings, make_llm):
         """Exact duplicates merge deterministically even with an LLM configured."""
         for _ in range(2):
