@@ -89,12 +89,33 @@ def demo_summary(report: dict[str, Any], seeded: int, paths: list[Path]) -> str:
         extra = f" (scores refreshed: {row['refreshed']})" if row.get("refreshed") else ""
         lines.append(f"  {job:<14} {row['actions']:>7}  {detail}{extra}")
     lines += ["", "  per user: " + ", ".join(f"{u} {r['actions']}" for u, r in users.items())]
-    deferred = [a for a in report["actions"] if a["action"] == "deferred"]
-    if deferred:
-        lines.append(
-            f"  {len(deferred)} candidate groups deferred (no OPENAI_API_KEY / OPENAI_BASE_URL:"
-            " the LLM decisions are listed, not guessed)"
-        )
+    lines += deferred_lines([a for a in report["actions"] if a["action"] == "deferred"])
     lines += ["", "reports:"] + [f"  {p}" for p in paths]
     lines += ["", "to apply it and see a second run find nothing left: memory-gc demo --apply"]
     return "\n".join(lines)
+
+
+DEFERRED_SHOWN = 4  # per job; the reports list every group
+
+
+def deferred_lines(deferred: list[dict[str, Any]]) -> list[str]:
+    """The groups waiting for an LLM, per job: user, size, reason and a preview."""
+    if not deferred:
+        return []
+    lines = [
+        "",
+        f"deferred: {len(deferred)} groups wait for an LLM (no OPENAI_API_KEY / OPENAI_BASE_URL:"
+        " the LLM decisions are listed, not guessed)",
+    ]
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for action in deferred:
+        by_job.setdefault(action["job"], []).append(action)
+    for job, items in by_job.items():
+        lines.append(f"  {job}: {len(items)} groups")
+        for a in items[:DEFERRED_SHOWN]:
+            size = len(a["details"].get("memory_ids", ()))
+            preview = (a["details"].get("content") or "").replace("\n", " ")[:48]
+            lines.append(f"    {a['user_id']:<8} {size:>3} memories  {a['reason']:<16} {preview!r}")
+        if len(items) > DEFERRED_SHOWN:
+            lines.append(f"    … and {len(items) - DEFERRED_SHOWN} more (see the reports)")
+    return lines

@@ -1,5 +1,6 @@
-"""structlog, configured once: JSON lines on stderr with run_id / job / user_id bound via
-contextvars. Level from ``MEMORY_GC_LOG_LEVEL`` (default info)."""
+"""structlog, configured once: JSON lines on stderr with run_id, dry_run, batch_no and job bound
+via contextvars, and user_id when the batch is one user (a sweep; a nightly batch of 500 users
+logs user_id only where a job names one). Level from ``MEMORY_GC_LOG_LEVEL`` (default info)."""
 
 from __future__ import annotations
 

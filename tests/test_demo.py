@@ -16,6 +16,11 @@ class TestDemo:
         assert main(["demo", "--output-dir", str(tmp_path)]) == 0
         out = capsys.readouterr().out
         assert "nothing was changed" in out
+        # offline, the importance job's deferred list is shown, not just counted
+        importance = [a for a in report_actions(tmp_path) if a["job"] == "importance"]
+        assert importance and all(a["action"] == "deferred" for a in importance)
+        assert f"  importance: {len(importance)} groups" in out
+        assert f"{importance[0]['user_id']:<8}" in out.split("  importance:")[1]
         report = json.loads((tmp_path / "dry-run.json").read_text())
         assert report["mode"] == "dry_run"
         for job in ("ttl_expiry", "decay", "usage_prune", "user_cap", "hard_delete"):
@@ -30,3 +35,7 @@ class TestDemo:
         monkeypatch.setenv("MEMORY_GC_DATA_DIR", str(pg_data_dir))
         assert main(["demo", "--apply", "--output-dir", str(tmp_path)]) == 0
         assert "second run right after: 0 changes" in capsys.readouterr().out
+
+
+def report_actions(out_dir) -> list[dict]:
+    return json.loads((out_dir / "dry-run.json").read_text())["actions"]
