@@ -5,8 +5,11 @@
 - ``data_message(instruction, payload)``: the user message — a short instruction, then the
   memories as a JSON document between ``<memories>`` markers. ``<`` and ``>`` inside it are
   written as JSON escapes, so no content can close the block; the system prompt says the block is
-  data, never instructions. Every answer is validated anyway, so an injected instruction can at
-  most produce an answer that is rejected.
+  data, never instructions. Every answer is validated anyway: an injected instruction that
+  names other ids, other users or impossible indexes produces an answer that is rejected; one
+  the model obeys *within* the valid answer space can at most yield a decision about the group
+  it was shown, which the rules still bound (trust order, pins, reviews) and which is a
+  restorable status change, never a deletion.
 """
 
 from __future__ import annotations
