@@ -14,11 +14,20 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
+import typing
+import zoneinfo
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gc_worker.errors import ConfigError
 
@@ -51,6 +60,25 @@ class ScheduleSettings(Section):
     mode: Literal["plan_and_apply", "plan_then_apply"] = "plan_and_apply"
     apply_delay_minutes: int = Field(60, ge=0)
     poll_seconds: float = Field(2.0, gt=0, le=300)
+
+    # checked when the settings load, not when `schedule` first starts: a typo in the cron line
+    # must not wait for the night to surface
+    @field_validator("cron")
+    @classmethod
+    def _cron_parses(cls, value: str) -> str:
+        from gc_worker.scheduler import cron_trigger
+
+        cron_trigger(value, "UTC")  # its ValueError says what is wrong
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone_exists(cls, value: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError('no such IANA time zone; use e.g. "UTC" or "Europe/Berlin"') from None
+        return value
 
 
 class TTLExpirySettings(JobSection):
@@ -261,7 +289,32 @@ def _describe(err: Mapping[str, Any], merged: Mapping[str, Any], origin: Mapping
     value = merged.get(section, {}).get(key, "?") if key else "?"
     where = origin.get((section, key), "defaults")
     env_name = f"{ENV_PREFIX}{section.upper()}__{key.upper()}"
+    if err["type"] == "value_error":  # a validator's own message says what is allowed
+        problem = err["msg"].removeprefix("Value error, ")
+    else:
+        problem = err["msg"] + _allowed(section, key)
     return (
-        f"{dotted} = {value!r} (from {where}): {err['msg']}; "
+        f"{dotted} = {value!r} (from {where}): {problem}; "
         f"set a valid value in the config file or {env_name}"
     )
+
+
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
+def _allowed(section: str, key: str) -> str:
+    """What the key accepts, from its declaration: type and bounds, or the choices."""
+    model = getattr(Settings.model_fields.get(section), "annotation", None)
+    field = getattr(model, "model_fields", {}).get(key)
+    if field is None:
+        return ""
+    if typing.get_origin(field.annotation) is Literal:
+        return f" (allowed: {' or '.join(repr(c) for c in typing.get_args(field.annotation))})"
+    kind = getattr(field.annotation, "__name__", str(field.annotation))
+    bounds = [
+        f"{symbol} {getattr(rule, name)}"
+        for rule in field.metadata
+        for name, symbol in _BOUNDS
+        if getattr(rule, name, None) is not None
+    ]
+    return f" (allowed: {kind} {' and '.join(bounds)})" if bounds else f" (allowed: {kind})"

@@ -114,8 +114,9 @@ def deferred_lines(deferred: list[dict[str, Any]]) -> list[str]:
         lines.append(f"  {job}: {len(items)} groups")
         for a in items[:DEFERRED_SHOWN]:
             size = len(a["details"].get("memory_ids", ()))
-            preview = (a["details"].get("content") or "").replace("\n", " ")[:48]
-            lines.append(f"    {a['user_id']:<8} {size:>3} memories  {a['reason']:<16} {preview!r}")
+            text = (a["details"].get("content") or "").replace("\n", " ")[:48]
+            preview = repr(text) if text else "(never-assessed rows)" if job == "importance" else ""
+            lines.append(f"    {a['user_id']:<8} {size:>3} memories  {a['reason']:<16} {preview}")
         if len(items) > DEFERRED_SHOWN:
             lines.append(f"    … and {len(items) - DEFERRED_SHOWN} more (see the reports)")
     return lines

@@ -43,23 +43,27 @@ _NUMERIC_DOW = re.compile(r"^(\*|\d+)(?:-(\d+))?(?:/(\d+))?$")
 
 def nightly_trigger(schedule: ScheduleSettings) -> CronTrigger:
     """The cron trigger of ``schedule`` (crontab weekday numbers, 0 = Sunday)."""
-    fields = schedule.cron.split()
-    if len(fields) != 5:
+    try:
+        return cron_trigger(schedule.cron, schedule.timezone)
+    except ValueError as exc:
         raise ConfigError(
-            f"schedule.cron = {schedule.cron!r} must have five fields "
-            '(minute hour day month weekday), e.g. "0 3 * * *"'
-        )
+            f"schedule.cron = {schedule.cron!r} / schedule.timezone = {schedule.timezone!r}: {exc}"
+        ) from None
+
+
+def cron_trigger(cron: str, timezone: str) -> CronTrigger:
+    """A crontab line as a trigger; ValueError saying what is wrong with it."""
+    fields = cron.split()
+    if len(fields) != 5:
+        raise ValueError('a cron line has five fields (minute hour day month weekday): "0 3 * * *"')
     minute, hour, day, month, weekday = fields
     try:
         return CronTrigger(
             minute=minute, hour=hour, day=day, month=month,
-            day_of_week=crontab_weekdays(weekday), timezone=schedule.timezone,
+            day_of_week=crontab_weekdays(weekday), timezone=timezone,
         )  # fmt: skip
     except (ValueError, LookupError) as exc:
-        raise ConfigError(
-            f"schedule.cron = {schedule.cron!r} / schedule.timezone = {schedule.timezone!r} "
-            f'is not valid: {exc}; use e.g. cron = "0 3 * * *", timezone = "UTC"'
-        ) from None
+        raise ValueError(f'not a valid cron line ({exc}); e.g. "0 3 * * *"') from None
 
 
 def crontab_weekdays(field: str) -> str:

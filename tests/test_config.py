@@ -74,8 +74,12 @@ class TestErrors:
     @pytest.mark.parametrize(
         ("env", "fragment"),
         [
-            ({"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "0"}, "greater than 0"),
-            ({"MEMORY_GC_DECAY__FORGET_BELOW": "1.5"}, "less than or equal to 1"),
+            ({"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "0"}, "(allowed: float > 0)"),
+            ({"MEMORY_GC_DECAY__FORGET_BELOW": "1.5"}, "(allowed: float >= 0 and <= 1)"),
+            ({"MEMORY_GC_RUN__BATCH_USERS": "0"}, "(allowed: int >= 1 and <= 100000)"),
+            ({"MEMORY_GC_SCHEDULE__CRON": "61 3 * * *"}, "not a valid cron line"),
+            ({"MEMORY_GC_SCHEDULE__CRON": "0 3 * *"}, "five fields"),
+            ({"MEMORY_GC_SCHEDULE__TIMEZONE": "Mars/Olympus"}, "no such IANA time zone"),
             ({"MEMORY_GC_USER_CAP__OVERFLOW": "squash"}, "'evict' or 'summarize'"),
             ({"MEMORY_GC_RUN__BATCH_USERS": "many"}, "valid integer"),
             ({"MEMORY_GC_DECAY__IMPORTANCE_MULTIPLIERS": "[1, 2]"}, "importance_multipliers"),

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from gc_worker import cli, scheduler
 from gc_worker import engine as gc_engine
-from gc_worker.config import RunSettings, ScheduleSettings, Settings
+from gc_worker.config import RunSettings, ScheduleSettings, Settings, load_settings
 from gc_worker.daemon import Daemon, build_scheduler
 from gc_worker.errors import ConfigError, NotFoundError, UsageError
 from tests.store import NOW, add, days_ago, execute, status
@@ -90,9 +90,14 @@ class TestNightlyTrigger:
         ("cron", "timezone"), [("0 3 * *", "UTC"), ("0 27 * * *", "UTC"), ("0 3 * * *", "Mars/X")]
     )
     def test_bad_cron_or_timezone_is_a_config_error(self, cron, timezone):
-        """A cron with the wrong fields or an unknown timezone is refused with an example."""
-        with pytest.raises(ConfigError, match="0 3"):
-            scheduler.nightly_trigger(ScheduleSettings(cron=cron, timezone=timezone))
+        """A cron with the wrong fields or an unknown timezone is refused with an example when
+        the settings load (not when the scheduler first starts), and by the trigger itself."""
+        with pytest.raises(ConfigError, match=r'"0 3 \* \* \*"|"UTC"'):
+            load_settings(env={"MEMORY_GC_SCHEDULE__CRON": cron,
+                               "MEMORY_GC_SCHEDULE__TIMEZONE": timezone})  # fmt: skip
+        unchecked = ScheduleSettings.model_construct(cron=cron, timezone=timezone)
+        with pytest.raises(ConfigError, match=r"schedule\.cron"):
+            scheduler.nightly_trigger(unchecked)
 
 
 class TestDueSlot:
