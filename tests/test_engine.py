@@ -269,3 +269,21 @@ class TestRestore:
         """Restoring a memory the worker never touched is refused."""
         with pytest.raises(NotFoundError):
             restore.restore_memory(engine, UUID(int=3))
+
+
+class TestLogs:
+    def test_batch_lines_carry_the_run_batch_and_user(self, engine, settings):
+        """Every batch line names its run, batch and mode; a one-user batch names the user;
+        nothing stays bound after the run."""
+        import structlog
+        from structlog.testing import capture_logs
+
+        add(engine, "u1", "expired", expires_at=NOW - timedelta(days=1))
+        add(engine, "u2", "kept")
+        one_user = Settings.model_validate(settings.model_dump() | {"run": {"batch_users": 1}})
+        with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+            report = run(engine, one_user)
+        committed = [e for e in logs if e["event"] == "gc.batch_committed"]
+        assert [(e["batch_no"], e["user_id"]) for e in committed] == [(0, "u1"), (1, "u2")]
+        assert {(e["run_id"], e["dry_run"]) for e in committed} == {(report["run_id"], False)}
+        assert structlog.contextvars.get_contextvars() == {}
