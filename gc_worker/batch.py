@@ -16,10 +16,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from sqlalchemy import TextClause
 from sqlalchemy.engine import Connection
 
 from gc_worker.actions import Action, Kind
 from gc_worker.config import Settings
+from gc_worker.queries import q
 
 
 @dataclass
@@ -52,6 +54,10 @@ class BatchContext:
     # job → users of the batch the run-start scan found work for (gc_worker.triage); a job
     # missing here reads every user
     work: dict[str, set[str]] = field(default_factory=dict)
+    # job → the candidate rows the scan picked for the batch (read by id; see picked_ids)
+    picked: dict[str, set[UUID]] = field(default_factory=dict)
+    # users an earlier job of the batch acted on: a picking job reads all their rows
+    read_in_full: set[str] = field(default_factory=set)
     stats: dict[str, JobStats] = field(default_factory=dict)
 
     def job_stats(self, job: str) -> JobStats:
@@ -75,13 +81,33 @@ class BatchContext:
         return [u for u in self.users if u in self.work[job] or u in acted_on]
 
     @contextmanager
-    def only(self, users: list[str]) -> Iterator[None]:
-        """Narrow the batch to ``users`` (for one job)."""
+    def only(self, users: list[str], read_in_full: set[str] = frozenset()) -> Iterator[None]:
+        """Narrow the batch to ``users`` (for one job); ``read_in_full``: see picked_ids."""
         everyone, self.users = self.users, users
+        self.read_in_full = set(read_in_full) & set(users)
         try:
             yield
         finally:
-            self.users = everyone
+            self.users, self.read_in_full = everyone, set()
+
+    def picked_ids(self, job: str) -> list[UUID] | None:
+        """The rows ``job`` should read by id — those the scan picked, and any re-assessed
+        earlier in this batch — or None: read every row of the batch's users (no scan). Users in
+        ``read_in_full`` (an earlier job acted on them) are read in full either way."""
+        if job not in self.picked:
+            return None
+        return sorted(self.picked[job] | set(self.importance), key=str)
+
+    def candidates_query(
+        self, job: str, name: str, params: dict[str, Any]
+    ) -> tuple[TextClause, dict[str, Any]]:
+        """The job's candidates query ``name``, or its ``<name>_picked`` variant (rows read by
+        id) when the scan picked the job's rows, with the binds it needs."""
+        picked = self.picked_ids(job)
+        if picked is None:
+            return q(name), params
+        binds = params | {"picked": picked, "full_users": sorted(self.read_in_full)}
+        return q(f"{name}_picked"), binds
 
     def effective_importance(self, row: Any) -> int:
         return self.importance.get(row.id, row.importance)

@@ -80,14 +80,14 @@ def start_run(
     run_id = uuid4()
     with transaction(engine) as conn:
         everyone = _users(conn, request.users)
-        work = triage.scan(conn, everyone, request.jobs, settings, request.now)
-        users = triage.with_work(everyone, request.jobs, work)
+        found = triage.scan(conn, everyone, request.jobs, settings, request.now)
+        users = triage.with_work(everyone, request.jobs, found)
         conn.execute(q("insert_run"), _run_row(run_id, settings, request))
         if slot is not None:
             conn.execute(q("set_run_slot"), {"run_id": run_id, "slot": slot})
         size = settings.run.batch_users
         batches = [users[i : i + size] for i in range(0, len(users), size)]
-        _insert_batches(conn, run_id, batches, work)
+        _insert_batches(conn, run_id, batches, found)
     log.info(
         "gc.run_started", run_id=str(run_id), mode=request.mode, users=len(users),
         users_without_work=len(everyone) - len(users),
@@ -244,7 +244,9 @@ def _process_next_batch(engine: Engine, run: dict[str, Any], settings: Settings,
         ctx = BatchContext(
             conn=conn, users=list(batch.users), settings=settings, now=run["now"],
             dry_run=run["mode"] == "dry_run", llm=llm,
-            work={job: set(users) for job, users in (batch.work or {}).items()},
+            work={job: set(users) for job, users in (batch.work or {}).get("users", {}).items()},
+            picked={job: {UUID(i) for i in ids}
+                    for job, ids in (batch.work or {}).get("ids", {}).items()},
         )  # fmt: skip
         llm_before = llm.usage() if llm is not None else {}
         summary = _run_batch(ctx, run, batch.batch_no)
@@ -285,12 +287,13 @@ def plan_batch(ctx: BatchContext, job_names: Sequence[str]) -> list[Action]:
     planned: list[Action] = []
     for name in job_names:
         stats = ctx.job_stats(name)
-        users = ctx.users_for(name, {a.user_id for a in planned})
+        acted_on = {a.user_id for a in planned}
+        users = ctx.users_for(name, acted_on)
         if not users:
             continue
         structlog.contextvars.bind_contextvars(job=name)
         calls_before = _llm_calls(ctx)
-        with ctx.only(users):
+        with ctx.only(users, read_in_full=acted_on):
             planned += ctx.record(jobs.REGISTRY[name].plan(ctx))
         stats.llm_calls += _llm_calls(ctx) - calls_before
     structlog.contextvars.unbind_contextvars("job")
@@ -345,13 +348,13 @@ def _run_row(run_id: UUID, settings: Settings, request: RunRequest) -> dict[str,
 
 
 def _insert_batches(
-    conn: Connection, run_id: UUID, batches: list[list[str]], work: triage.Work | None
+    conn: Connection, run_id: UUID, batches: list[list[str]], found: triage.Scan | None
 ) -> None:
     if batches:
         conn.execute(
             audit.batches_insert(),
             [{"run_id": run_id, "batch_no": i, "users": users, "state": "pending", "stats": {},
-              "work": triage.for_batch(work, users)}
+              "work": triage.for_batch(found, users)}
              for i, users in enumerate(batches)],
         )  # fmt: skip
 

@@ -11,6 +11,11 @@ acted on (an erasure that re-activates rows, an importance re-assessment, a merg
 that can give a later job work the scan could not see. When every job of the run can answer,
 users with no work at all get no batch.
 
+The jobs whose candidates are a plain row predicate (``PICK``: decay, usage_prune) go one step
+further: the same scan collects their candidate ids per user, and a batch reads those rows by
+id (``<query>_picked``) instead of every active row of its users — again plus the rows of users
+an earlier job of the batch acted on, and rows re-assessed in the batch.
+
 The scan sees the store as of the run's start. A row the application changes afterwards is
 caught at apply time as drifted, as always; a user who *gains* work after the scan is served by
 the next run. ``run.skip_idle_users = false`` turns the scan off (every job reads every user).
@@ -21,6 +26,7 @@ plans exactly what a run without it plans.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -34,6 +40,15 @@ from gc_worker.queries import q
 Work = dict[str, set[str]]  # job name → users it has work for
 
 
+@dataclass
+class Scan:
+    """What the run-start scan found: per answering job the users it has work for, and for the
+    jobs that can also pick their rows (``PICK``), those rows' ids per user."""
+
+    users: Work = field(default_factory=dict)
+    ids: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+
 def answering(job_names: Sequence[str]) -> list[str]:
     """The jobs of ``job_names`` that the scan can answer for."""
     return [n for n in job_names if getattr(jobs.REGISTRY[n], "WORK", None)]
@@ -42,38 +57,54 @@ def answering(job_names: Sequence[str]) -> list[str]:
 def scan(
     conn: Connection, users: Sequence[str], job_names: Sequence[str], settings: Settings,
     now: datetime,
-) -> Work | None:  # fmt: skip
-    """Per answering job, the users of ``users`` it has work for; None when nothing is scanned
-    (the scan is switched off, or no job of the run can answer)."""
+) -> Scan | None:  # fmt: skip
+    """Per answering job, the users of ``users`` it has work for (and picked row ids); None when
+    nothing is scanned (the scan is switched off, or no job of the run can answer)."""
     names = answering(job_names)
     if not settings.run.skip_idle_users or not names or not users:
         return None
-    columns = ", ".join(f'{q(jobs.REGISTRY[n].WORK).text} AS "{n}"' for n in names)
+    picking = [n for n in names if getattr(jobs.REGISTRY[n], "PICK", None)]
+    columns = [f'{q(jobs.REGISTRY[n].WORK).text} AS "{n}"' for n in names]
+    columns += [
+        f'array_agg(id) FILTER (WHERE {q(jobs.REGISTRY[n].PICK).text}) AS "{n}__ids"'
+        for n in picking
+    ]
     params: dict[str, Any] = {"users": list(users), "now": now}
     for name in names:
         params |= jobs.REGISTRY[name].work_params(settings, now)
     statement = (
-        f"SELECT user_id, {columns} FROM memories WHERE user_id = ANY(:users) GROUP BY user_id"
+        f"SELECT user_id, {', '.join(columns)} FROM memories WHERE user_id = ANY(:users)"
+        " GROUP BY user_id"
     )
-    work: Work = {name: set() for name in names}
+    found = Scan({name: set() for name in names}, {name: {} for name in picking})
     for row in conn.execute(sa.text(statement), params).mappings():
         for name in names:
             if row[name]:
-                work[name].add(row["user_id"])
-    return work
+                found.users[name].add(row["user_id"])
+        for name in picking:
+            if row[f"{name}__ids"]:
+                found.ids[name][row["user_id"]] = [str(i) for i in row[f"{name}__ids"]]
+    return found
 
 
-def with_work(users: Sequence[str], job_names: Sequence[str], work: Work | None) -> list[str]:
+def with_work(users: Sequence[str], job_names: Sequence[str], found: Scan | None) -> list[str]:
     """``users`` less those no job of the run has work for (all of them when a job of the run
     cannot answer: it reads every user)."""
-    if work is None or len(work) < len(job_names):
+    if found is None or len(found.users) < len(job_names):
         return list(users)
-    busy = set().union(*work.values())
+    busy = set().union(*found.users.values())
     return [u for u in users if u in busy]
 
 
-def for_batch(work: Work | None, users: Sequence[str]) -> dict[str, list[str]] | None:
-    """What a batch of ``users`` stores in ``gc_run_batches.work``."""
-    if work is None:
+def for_batch(found: Scan | None, users: Sequence[str]) -> dict[str, Any] | None:
+    """What a batch of ``users`` stores in ``gc_run_batches.work``: ``{"users": {job: [user…]},
+    "ids": {job: [memory id…]}}``."""
+    if found is None:
         return None
-    return {name: [u for u in users if u in found] for name, found in work.items()}
+    return {
+        "users": {name: [u for u in users if u in them] for name, them in found.users.items()},
+        "ids": {
+            name: [i for u in users for i in per_user.get(u, ())]
+            for name, per_user in found.ids.items()
+        },
+    }

@@ -78,6 +78,7 @@ def rule_params(policy: DecaySettings, now: datetime) -> dict[str, Any]:
 
 
 WORK = "work_decay"  # gc_worker.triage: which users have work (sql/triage.sql)
+PICK = "pick_decay"  # … and which of their rows are candidates
 
 
 def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
@@ -90,7 +91,7 @@ def refresh_params(ctx: BatchContext) -> dict[str, Any]:
 
 def plan(ctx: BatchContext) -> list[Action]:
     policy = ctx.settings.decay
-    rows = ctx.conn.execute(q("decay_candidates"), refresh_params(ctx))
+    rows = ctx.conn.execute(*ctx.candidates_query(NAME, "decay_candidates", refresh_params(ctx)))
     return plan_decay(rows, policy, now=ctx.now, importance=ctx.importance)
 
 

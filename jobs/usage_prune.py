@@ -19,7 +19,6 @@ from typing import Any
 from gc_worker.actions import Action, soft_delete
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings, UsagePruneSettings
-from gc_worker.queries import q
 
 NAME = "usage_prune"
 REASON = "unused"
@@ -58,6 +57,7 @@ def rule_params(policy: UsagePruneSettings, now: datetime) -> dict[str, Any]:
 
 
 WORK = "work_usage_prune"  # gc_worker.triage: which users have work (sql/triage.sql)
+PICK = "pick_usage_prune"  # … and which of their rows are candidates
 
 
 def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
@@ -67,5 +67,5 @@ def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
 def plan(ctx: BatchContext) -> list[Action]:
     policy = ctx.settings.usage_prune
     params = ctx.params(**rule_params(policy, ctx.now))
-    rows = ctx.conn.execute(q("usage_prune_candidates"), params)
+    rows = ctx.conn.execute(*ctx.candidates_query(NAME, "usage_prune_candidates", params))
     return plan_usage_prune(rows, policy, now=ctx.now, importance=ctx.importance)

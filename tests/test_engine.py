@@ -278,6 +278,9 @@ class TestLogs:
         import structlog
         from structlog.testing import capture_logs
 
+        from gc_worker import logs as gc_logs
+
+        gc_logs.configure("info")  # an earlier test (the demo) may have raised the level
         add(engine, "u1", "expired", expires_at=NOW - timedelta(days=1))
         add(engine, "u2", "kept")
         one_user = Settings.model_validate(settings.model_dump() | {"run": {"batch_users": 1}})

@@ -13,6 +13,7 @@ import jobs
 from gc_worker import triage
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
+from gc_worker.queries import q
 from tests.seeding import row, seed
 from tests.store import NOW, run
 
@@ -82,9 +83,9 @@ def test_the_scan_finds_exactly_the_users_the_job_acts_on(engine, job):
     seed(engine, rows)
     users = sorted({r["user_id"] for r in rows})
     with engine.connect() as conn:
-        work = triage.scan(conn, users, [job], SETTINGS, NOW)
+        found = triage.scan(conn, users, [job], SETTINGS, NOW)
         acting = {u for u in users if plans_something(conn, job, u)}
-    assert work is not None and work[job] == acting
+    assert found is not None and found.users[job] == acting
     expected = {
         "ttl_expiry": {"ttl-due"},
         "usage_prune": {"usage-due", "grace-due"},
@@ -95,6 +96,31 @@ def test_the_scan_finds_exactly_the_users_the_job_acts_on(engine, job):
         assert acting == expected[job]
     else:  # every active unpinned row has no score yet
         assert acting == {r["user_id"] for r in rows if r["status"] == "active" and not r["pinned"]}
+
+
+@pytest.mark.parametrize(
+    ("job", "query"), [("decay", "decay_candidates"), ("usage_prune", "usage_prune_candidates")]
+)
+def test_the_rows_picked_are_exactly_the_candidates(engine, job, query):
+    """The ids the scan picks per user are the rows the job's own candidates query returns
+    (which the batch then reads by id instead of reading every active row)."""
+    rows = [
+        *boundary_rows(),
+        row("decay-due", "old", created_at=NOW - 400 * DAY, importance=1),
+        row("decay-due", "young", created_at=NOW - DAY, importance=1),
+        row("decay-due", "important", created_at=NOW - 400 * DAY, importance=5),
+    ]
+    seed(engine, rows)
+    users = sorted({r["user_id"] for r in rows})
+    with engine.connect() as conn:
+        found = triage.scan(conn, users, [job], SETTINGS, NOW)
+        ctx = BatchContext(conn=conn, users=users, settings=SETTINGS, now=NOW, dry_run=True)
+        module = jobs.REGISTRY[job]
+        params = (module.refresh_params(ctx) if job == "decay"
+                  else ctx.params(**module.rule_params(SETTINGS.usage_prune, NOW)))  # fmt: skip
+        candidates = {(r.user_id, str(r.id)) for r in conn.execute(q(query), params)}
+    assert found is not None and candidates
+    assert {(u, i) for u, ids in found.ids[job].items() for i in ids} == candidates
 
 
 def test_users_without_work_get_no_batch(engine):
@@ -123,9 +149,12 @@ def test_a_job_that_cannot_answer_keeps_every_user_batched(engine):
     seed(engine, [row("busy", "r", expires_at=NOW - DAY), row("idle", "r", importance=5)])
     with engine.connect() as conn:
         work = triage.scan(conn, ["busy", "idle"], ["ttl_expiry", "compaction"], SETTINGS, NOW)
-    assert work == {"ttl_expiry": {"busy"}}
+    assert work is not None and work.users == {"ttl_expiry": {"busy"}} and work.ids == {}
     assert triage.with_work(["busy", "idle"], ["ttl_expiry", "compaction"], work) == [
         "busy",
         "idle",
     ]
-    assert triage.for_batch(work, ["busy", "idle"]) == {"ttl_expiry": ["busy"]}
+    assert triage.for_batch(work, ["busy", "idle"]) == {
+        "users": {"ttl_expiry": ["busy"]},
+        "ids": {},
+    }

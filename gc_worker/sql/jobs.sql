@@ -22,6 +22,22 @@ WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
               :half_life_days, :multipliers) < :forget_below))
 ORDER BY user_id, id
 
+-- decay_candidates_picked --
+-- decay_candidates, reading the rows the run-start scan picked (and re-assessed ones) by id,
+-- and every row of the users in :full_users (an earlier job of the batch acted on them).
+SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
+       importance, confidence, created_at, updated_at, last_accessed_at
+FROM memories
+WHERE (id = ANY(:picked) OR user_id = ANY(:full_users))
+  AND user_id = ANY(:users) AND status = 'active' AND NOT pinned
+  AND created_at <= :grace_cutoff AND NOT (id = ANY(:taken))
+  AND (id = ANY(:reassessed) OR (
+        importance <= :max_importance
+        AND memory_gc_decayed(confidence, importance,
+              greatest(created_at, updated_at, last_accessed_at), :now,
+              :half_life_days, :multipliers) < :forget_below))
+ORDER BY user_id, id
+
 -- decay_refresh --
 -- Rewrite decayed_confidence where it moved by more than :epsilon (never on pinned rows). Rows
 -- a request-path transaction holds are skipped (SKIP LOCKED, as in lock_rows): the next run
@@ -57,6 +73,18 @@ SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS pre
        importance, created_at, last_accessed_at
 FROM memories
 WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
+  AND coalesce(last_accessed_at, created_at) <= :unused_cutoff
+  AND created_at <= :grace_cutoff AND NOT (id = ANY(:taken))
+  AND (importance <= :max_importance OR id = ANY(:reassessed))
+ORDER BY user_id, id
+
+-- usage_prune_candidates_picked --
+-- usage_prune_candidates, reading picked rows by id (see decay_candidates_picked).
+SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
+       importance, created_at, last_accessed_at
+FROM memories
+WHERE (id = ANY(:picked) OR user_id = ANY(:full_users))
+  AND user_id = ANY(:users) AND status = 'active' AND NOT pinned
   AND coalesce(last_accessed_at, created_at) <= :unused_cutoff
   AND created_at <= :grace_cutoff AND NOT (id = ANY(:taken))
   AND (importance <= :max_importance OR id = ANY(:reassessed))

@@ -1,6 +1,7 @@
--- Per-job "has work" tests for gc_worker.triage: each block is one aggregate over a user's rows
--- in memories, true when the job's candidates query (named in the comment) would return a row
--- for that user, or its refresh would write one. Binds are the job's, prefixed `<job>__`.
+-- Per-job "has work" tests for gc_worker.triage: each work_ block is one aggregate over a user's
+-- rows in memories, true when the job's candidates query (named in the comment) would return a
+-- row for that user, or its refresh would write one; each pick_ block is a row predicate whose
+-- matching ids the batch then reads by id. Binds are the job's, prefixed `<job>__`.
 -- tests/test_properties.py checks that a run with the scan plans exactly what one without does.
 
 -- work_ttl_expiry --
@@ -18,6 +19,20 @@ bool_or(status = 'active' AND NOT pinned AND (
     OR abs(decayed_confidence - memory_gc_decayed(confidence, importance,
            greatest(created_at, updated_at, last_accessed_at), :now,
            :decay__half_life_days, :decay__multipliers)) > :decay__epsilon))
+
+-- pick_decay --
+-- The rows decay_candidates returns (before the batch's own exclusions): their ids are kept per
+-- batch, so the batch reads those rows by id instead of every active row of its users.
+status = 'active' AND NOT pinned AND created_at <= :decay__grace_cutoff
+AND importance <= :decay__max_importance
+AND memory_gc_decayed(confidence, importance, greatest(created_at, updated_at, last_accessed_at),
+                      :now, :decay__half_life_days, :decay__multipliers) < :decay__forget_below
+
+-- pick_usage_prune --
+-- The rows usage_prune_candidates returns (before the batch's own exclusions).
+status = 'active' AND NOT pinned
+AND coalesce(last_accessed_at, created_at) <= :usage_prune__unused_cutoff
+AND created_at <= :usage_prune__grace_cutoff AND importance <= :usage_prune__max_importance
 
 -- work_usage_prune --
 -- usage_prune_candidates.
