@@ -56,8 +56,6 @@ class BatchContext:
     work: dict[str, set[str]] = field(default_factory=dict)
     # job → the candidate rows the scan picked for the batch (read by id; see picked_ids)
     picked: dict[str, set[UUID]] = field(default_factory=dict)
-    # users an earlier job of the batch acted on: a picking job reads all their rows
-    read_in_full: set[str] = field(default_factory=set)
     stats: dict[str, JobStats] = field(default_factory=dict)
 
     def job_stats(self, job: str) -> JobStats:
@@ -74,26 +72,30 @@ class BatchContext:
         }
 
     def users_for(self, job: str, acted_on: set[str]) -> list[str]:
-        """The users ``job`` plans for: those the scan found work for, and those an earlier
-        action of the batch touched (``acted_on``); every user when the job was not scanned."""
+        """The users ``job`` plans (or refreshes) for: those the scan found work for, and
+        ``acted_on`` (when planning: users whose importance an earlier job re-assessed; when
+        refreshing: users any applied action touched); every user when the job was not
+        scanned."""
         if job not in self.work:
             return self.users
         return [u for u in self.users if u in self.work[job] or u in acted_on]
 
     @contextmanager
-    def only(self, users: list[str], read_in_full: set[str] = frozenset()) -> Iterator[None]:
-        """Narrow the batch to ``users`` (for one job); ``read_in_full``: see picked_ids."""
+    def only(self, users: list[str]) -> Iterator[None]:
+        """Narrow the batch to ``users`` (for one job)."""
         everyone, self.users = self.users, users
-        self.read_in_full = set(read_in_full) & set(users)
         try:
             yield
         finally:
-            self.users, self.read_in_full = everyone, set()
+            self.users = everyone
 
     def picked_ids(self, job: str) -> list[UUID] | None:
         """The rows ``job`` should read by id — those the scan picked, and any re-assessed
-        earlier in this batch — or None: read every row of the batch's users (no scan). Users in
-        ``read_in_full`` (an earlier job acted on them) are read in full either way."""
+        earlier in this batch — or None: read every row of the batch's users (no scan).
+
+        Planning writes no row, so between the scan and this read the only change a candidates
+        query can see is what the batch holds in memory: re-assessed importance (added here)
+        and rows already taken (excluded by the query)."""
         if job not in self.picked:
             return None
         return sorted(self.picked[job] | set(self.importance), key=str)
@@ -106,8 +108,7 @@ class BatchContext:
         picked = self.picked_ids(job)
         if picked is None:
             return q(name), params
-        binds = params | {"picked": picked, "full_users": sorted(self.read_in_full)}
-        return q(f"{name}_picked"), binds
+        return q(f"{name}_picked"), params | {"picked": picked}
 
     def effective_importance(self, row: Any) -> int:
         return self.importance.get(row.id, row.importance)

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 import jobs
 from gc_worker import audit, triage
-from gc_worker.actions import Action
+from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
 from gc_worker.db import retrying, transaction
@@ -287,13 +287,16 @@ def plan_batch(ctx: BatchContext, job_names: Sequence[str]) -> list[Action]:
     planned: list[Action] = []
     for name in job_names:
         stats = ctx.job_stats(name)
-        acted_on = {a.user_id for a in planned}
-        users = ctx.users_for(name, acted_on)
+        # planning writes no row: all a later job's candidates query can see of the jobs
+        # before it is what the batch holds in memory, and only re-assessed importance can
+        # make a row a candidate (taken rows and created records only ever remove work)
+        reassessed = {a.user_id for a in planned if a.action is Kind.SET_IMPORTANCE}
+        users = ctx.users_for(name, reassessed)
         if not users:
             continue
         structlog.contextvars.bind_contextvars(job=name)
         calls_before = _llm_calls(ctx)
-        with ctx.only(users, read_in_full=acted_on):
+        with ctx.only(users):
             planned += ctx.record(jobs.REGISTRY[name].plan(ctx))
         stats.llm_calls += _llm_calls(ctx) - calls_before
     structlog.contextvars.unbind_contextvars("job")

@@ -6,15 +6,17 @@ little to do (the second run of a night, a store that is kept clean) would pay t
 user. So a run first asks one grouped, parallel, sequential scan which users each job will find
 work for; the jobs that can answer (a module attribute ``WORK`` naming an aggregate in
 ``sql/triage.sql``, and ``work_params(settings, now)`` for its binds) are then planned, and
-their scores refreshed, only for those users — plus any user an earlier job of the same batch
-acted on (an erasure that re-activates rows, an importance re-assessment, a merge), because
-that can give a later job work the scan could not see. When every job of the run can answer,
+their scores refreshed, only for those users — plus, when planning, any user whose importance
+an earlier job of the batch re-assessed (planning writes no row, so that is the only way a row
+can become a candidate after the scan: retired rows and created records only remove work), and
+when refreshing after apply, any user an applied action touched (an erasure re-activating
+rows, a new importance). When every job of the run can answer,
 users with no work at all get no batch.
 
 The jobs whose candidates are a plain row predicate (``PICK``: decay, usage_prune) go one step
 further: the same scan collects their candidate ids per user, and a batch reads those rows by
-id (``<query>_picked``) instead of every active row of its users — again plus the rows of users
-an earlier job of the batch acted on, and rows re-assessed in the batch.
+id (``<query>_picked``) instead of every active row of its users, plus the rows re-assessed
+earlier in the batch (planning writes nothing else a candidates query could see).
 
 The scan sees the store as of the run's start. A row the application changes afterwards is
 caught at apply time as drifted, as always; a user who *gains* work after the scan is served by

@@ -303,8 +303,10 @@ def plan(ctx: BatchContext) -> list[Action]:
     counts = over_cap_counts(ctx)
     if not counts:
         return []
-    rows = ctx.conn.execute(q("user_cap_candidates"), ctx.params() | {"users": list(counts)})
-    if ctx.settings.user_cap.overflow == "summarize":
+    summarize = ctx.settings.user_cap.overflow == "summarize"
+    params = ctx.params() | {"users": list(counts), "with_metadata": summarize}
+    rows = ctx.conn.execute(q("user_cap_candidates"), params)
+    if summarize:
         return plan_summaries(ctx, rows, counts)
     return plan_user_cap(
         rows, counts, cap=ctx.settings.user_cap.max_memories, importance=ctx.importance

@@ -23,13 +23,13 @@ WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
 ORDER BY user_id, id
 
 -- decay_candidates_picked --
--- decay_candidates, reading the rows the run-start scan picked (and re-assessed ones) by id,
--- and every row of the users in :full_users (an earlier job of the batch acted on them).
+-- decay_candidates, reading by id the rows the run-start scan picked and the rows re-assessed
+-- earlier in this batch (planning changes no row, so nothing else can have become a candidate
+-- since the scan; an application write since is served by the next run).
 SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
        importance, confidence, created_at, updated_at, last_accessed_at
 FROM memories
-WHERE (id = ANY(:picked) OR user_id = ANY(:full_users))
-  AND user_id = ANY(:users) AND status = 'active' AND NOT pinned
+WHERE id = ANY(:picked) AND user_id = ANY(:users) AND status = 'active' AND NOT pinned
   AND created_at <= :grace_cutoff AND NOT (id = ANY(:taken))
   AND (id = ANY(:reassessed) OR (
         importance <= :max_importance
@@ -83,8 +83,7 @@ ORDER BY user_id, id
 SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
        importance, created_at, last_accessed_at
 FROM memories
-WHERE (id = ANY(:picked) OR user_id = ANY(:full_users))
-  AND user_id = ANY(:users) AND status = 'active' AND NOT pinned
+WHERE id = ANY(:picked) AND user_id = ANY(:users) AND status = 'active' AND NOT pinned
   AND coalesce(last_accessed_at, created_at) <= :unused_cutoff
   AND created_at <= :grace_cutoff AND NOT (id = ANY(:taken))
   AND (importance <= :max_importance OR id = ANY(:reassessed))

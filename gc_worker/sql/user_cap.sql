@@ -7,9 +7,11 @@ GROUP BY user_id
 HAVING count(*) > :floor
 
 -- user_cap_candidates --
--- The evictable (active, unpinned) rows of the over-cap users.
+-- The evictable (active, unpinned) rows of the over-cap users (metadata, for a summary's depth,
+-- only when :with_metadata: evicting 100,000s of rows needs none of it).
 SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
-       importance, created_at, last_accessed_at, memory_type, source, metadata
+       importance, created_at, last_accessed_at, memory_type, source,
+       CASE WHEN :with_metadata THEN metadata END AS metadata
 FROM memories
 WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned AND NOT (id = ANY(:taken))
 ORDER BY user_id, id
