@@ -5,7 +5,8 @@ users' rows once per job, and a user's rows are spread over the whole table. A r
 little to do (the second run of a night, a store that is kept clean) would pay that for every
 user. So a run first asks one grouped, parallel, sequential scan which users each job will find
 work for; the jobs that can answer (a module attribute ``WORK`` naming an aggregate in
-``sql/triage.sql``, and ``work_params(settings, now)`` for its binds) are then planned, and
+``sql/triage.sql``, and/or ``PICK``, below; ``work_params(settings, now)`` for the binds) are
+then planned, and
 their scores refreshed, only for those users — plus, when planning, any user whose importance
 an earlier job of the batch re-assessed (planning writes no row, so that is the only way a row
 can become a candidate after the scan: retired rows and created records only remove work), and
@@ -53,7 +54,11 @@ class Scan:
 
 def answering(job_names: Sequence[str]) -> list[str]:
     """The jobs of ``job_names`` that the scan can answer for."""
-    return [n for n in job_names if getattr(jobs.REGISTRY[n], "WORK", None)]
+    return [n for n in job_names if _has(n, "WORK") or _has(n, "PICK")]
+
+
+def _has(job: str, attribute: str) -> bool:
+    return bool(getattr(jobs.REGISTRY[job], attribute, None))
 
 
 def scan(
@@ -65,8 +70,9 @@ def scan(
     names = answering(job_names)
     if not settings.run.skip_idle_users or not names or not users:
         return None
-    picking = [n for n in names if getattr(jobs.REGISTRY[n], "PICK", None)]
-    columns = [f'{q(jobs.REGISTRY[n].WORK).text} AS "{n}"' for n in names]
+    picking = [n for n in names if _has(n, "PICK")]
+    judging = [n for n in names if _has(n, "WORK")]
+    columns = [f'{q(jobs.REGISTRY[n].WORK).text} AS "{n}"' for n in judging]
     columns += [
         f'array_agg(id) FILTER (WHERE {q(jobs.REGISTRY[n].PICK).text}) AS "{n}__ids"'
         for n in picking
@@ -80,11 +86,12 @@ def scan(
     )
     found = Scan({name: set() for name in names}, {name: {} for name in picking})
     for row in conn.execute(sa.text(statement), params).mappings():
-        for name in names:
+        for name in judging:
             if row[name]:
                 found.users[name].add(row["user_id"])
-        for name in picking:
+        for name in picking:  # a user with candidate rows has work too
             if row[f"{name}__ids"]:
+                found.users[name].add(row["user_id"])
                 found.ids[name][row["user_id"]] = [str(i) for i in row[f"{name}__ids"]]
     return found
 

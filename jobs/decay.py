@@ -77,8 +77,8 @@ def rule_params(policy: DecaySettings, now: datetime) -> dict[str, Any]:
     }
 
 
-WORK = "work_decay"  # gc_worker.triage: which users have work (sql/triage.sql)
-PICK = "pick_decay"  # … and which of their rows are candidates
+WORK = "work_decay"  # gc_worker.triage: users with scores to refresh (sql/triage.sql)
+PICK = "pick_decay"  # … and the candidate rows to forget
 
 
 def work_params(settings: Settings, now: datetime) -> dict[str, Any]:

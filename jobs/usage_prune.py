@@ -56,8 +56,7 @@ def rule_params(policy: UsagePruneSettings, now: datetime) -> dict[str, Any]:
     }
 
 
-WORK = "work_usage_prune"  # gc_worker.triage: which users have work (sql/triage.sql)
-PICK = "pick_usage_prune"  # … and which of their rows are candidates
+PICK = "pick_usage_prune"  # gc_worker.triage: its candidate rows (sql/triage.sql)
 
 
 def work_params(settings: Settings, now: datetime) -> dict[str, Any]:

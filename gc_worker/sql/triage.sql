@@ -1,7 +1,7 @@
--- Per-job "has work" tests for gc_worker.triage: each work_ block is one aggregate over a user's
--- rows in memories, true when the job's candidates query (named in the comment) would return a
--- row for that user, or its refresh would write one; each pick_ block is a row predicate whose
--- matching ids the batch then reads by id. Binds are the job's, prefixed `<job>__`.
+-- Per-job "has work" tests for gc_worker.triage: each pick_ block is a row predicate, the rows
+-- a job's candidates query returns, whose ids the batch then reads by id; each work_ block is
+-- one aggregate over a user's rows in memories, true when the job (beyond its picked rows, if
+-- it picks) has work for that user. Binds are the job's, prefixed `<job>__`.
 -- tests/test_properties.py checks that a run with the scan plans exactly what one without does.
 
 -- work_ttl_expiry --
@@ -9,13 +9,10 @@
 bool_or(status = 'active' AND NOT pinned AND expires_at <= :now)
 
 -- work_decay --
--- decay_candidates (its Python check only narrows it), and decay_refresh.
+-- decay_refresh (decay's other work, its candidates, is what pick_decay picks: the score
+-- function is evaluated once per row for each, not again here).
 bool_or(status = 'active' AND NOT pinned AND (
-    (created_at <= :decay__grace_cutoff AND importance <= :decay__max_importance
-     AND memory_gc_decayed(confidence, importance,
-           greatest(created_at, updated_at, last_accessed_at), :now,
-           :decay__half_life_days, :decay__multipliers) < :decay__forget_below)
-    OR decayed_confidence IS NULL
+    decayed_confidence IS NULL
     OR abs(decayed_confidence - memory_gc_decayed(confidence, importance,
            greatest(created_at, updated_at, last_accessed_at), :now,
            :decay__half_life_days, :decay__multipliers)) > :decay__epsilon))
@@ -33,13 +30,6 @@ AND memory_gc_decayed(confidence, importance, greatest(created_at, updated_at, l
 status = 'active' AND NOT pinned
 AND coalesce(last_accessed_at, created_at) <= :usage_prune__unused_cutoff
 AND created_at <= :usage_prune__grace_cutoff AND importance <= :usage_prune__max_importance
-
--- work_usage_prune --
--- usage_prune_candidates.
-bool_or(status = 'active' AND NOT pinned
-        AND coalesce(last_accessed_at, created_at) <= :usage_prune__unused_cutoff
-        AND created_at <= :usage_prune__grace_cutoff
-        AND importance <= :usage_prune__max_importance)
 
 -- work_user_cap --
 -- user_cap_counts (pinned rows count).
