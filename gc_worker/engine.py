@@ -1,6 +1,7 @@
 """Runs: walk users in batches, plan the jobs in order, persist the plan, apply it.
 
-A run is a row in ``gc_runs`` and its user batches in ``gc_run_batches``. Each batch is one
+A run is a row in ``gc_runs`` and its user batches in ``gc_run_batches``; a scan at its start
+(gc_worker.triage) decides which users each job reads and which rows. Each batch is one
 transaction that holds the batch row (``FOR UPDATE SKIP LOCKED``) from claim to commit, so any
 number of workers can share a run, each batch is done exactly once, and a batch whose worker
 dies is rolled back and taken by the next worker. Inside a batch:
