@@ -78,16 +78,17 @@ def file_request(
     if memory_id is not None:
         owner = conn.execute(q("erasure_memory_owner"), {"memory_id": memory_id}).first()
         if owner is None:
-            return _already_erased(conn, None, memory_id) or _not_found(
-                f"no memory with id {memory_id}; nothing was changed"
+            return _already_erased(
+                conn, None, memory_id, f"no memory with id {memory_id}; nothing was changed"
             )
         kind, user_id = "memory", owner.user_id
     else:
         known = conn.execute(q("known_users"), {"users": [user_id]}).first()
         if known is None:
-            return _already_erased(conn, user_id, None) or _not_found(
-                f"no memories for user {user_id!r}; check the id (nothing was changed)"
-            )
+            return _already_erased(
+                conn, user_id, None,
+                f"no memories for user {user_id!r}; check the id (nothing was changed)",
+            )  # fmt: skip
         kind = "user"
     params = {"kind": kind, "user_id": user_id, "memory_id": memory_id,
               "purge_now": purge_now, "requested_by": requested_by}  # fmt: skip
@@ -96,17 +97,15 @@ def file_request(
 
 
 def _already_erased(
-    conn: Connection, user_id: str | None, memory_id: UUID | None
-) -> FiledRequest | None:
-    """The completed request that already erased (and purged) this target, if any: asking
-    again is then answered with it, not with "no such user / memory"."""
+    conn: Connection, user_id: str | None, memory_id: UUID | None, not_found: str
+) -> FiledRequest:
+    """The completed request that already erased (and purged) a target no longer in the store:
+    asking again is answered with it. NotFoundError(``not_found``) if there is none."""
     params = {"user_id": user_id, "memory_id": memory_id}
     row = conn.execute(q("erasure_completed_for"), params).mappings().first()
-    return None if row is None else FiledRequest(**row, created=False)
-
-
-def _not_found(message: str) -> FiledRequest:
-    raise NotFoundError(message)
+    if row is None:
+        raise NotFoundError(not_found)
+    return FiledRequest(**row, created=False)
 
 
 def get_request(conn: Connection, request_id: UUID) -> dict[str, Any]:

@@ -42,9 +42,16 @@ def open_run_llm(
     settings: Settings, runtime: Runtime, engine: Engine, *, http_client: Any = None
 ) -> LLMPort | None:
     """The LLM port for a run, or None in offline mode (no OPENAI_API_KEY / OPENAI_BASE_URL)."""
-    options = LLMOptions(
-        api_key=runtime.openai_api_key,
-        base_url=runtime.openai_base_url,
+    options = llm_options(
+        settings, api_key=runtime.openai_api_key, base_url=runtime.openai_base_url
+    )
+    return open_llm(options, http_client=http_client, cache=PostgresDecisionCache(engine))
+
+
+def llm_options(settings: Settings, **connection: Any) -> LLMOptions:
+    """The port's options from the settings; ``connection``: api_key, base_url, and anything a
+    caller sets beyond the settings (tests: no backoff sleep)."""
+    return LLMOptions(
         model=settings.llm.model,
         embedding_model=settings.embeddings.model,
         embedding_dim=settings.embeddings.dim,
@@ -52,5 +59,5 @@ def open_run_llm(
         max_calls_per_run=settings.llm.max_calls_per_run,
         max_tokens_per_run=settings.llm.max_tokens_per_run,
         max_retries=settings.llm.max_retries,
+        **connection,
     )
-    return open_llm(options, http_client=http_client, cache=PostgresDecisionCache(engine))

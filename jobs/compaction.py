@@ -52,7 +52,14 @@ from jobs.compaction_records import (
     mergeable,
     merged_record,
 )
-from jobs.llm_support import Deferral, ModelGate, deferred, rows_by_user, with_embeddings
+from jobs.llm_support import (
+    Deferral,
+    ModelGate,
+    deferred,
+    first_preview,
+    rows_by_user,
+    with_embeddings,
+)
 from jobs.similarity import complete_linkage_groups, near_miss_reasons, normalise_text
 
 __all__ = ["NAME", "exact_duplicates", "find_groups", "plan"]
@@ -135,7 +142,8 @@ def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> Merge | Act
     )
     if isinstance(answer, Deferral):
         details = {"similarity": score, "near_misses": near_misses(members)}
-        return deferred(NAME, user_id, members, answer.reason, **details)
+        ids, preview = [m.id for m in members], first_preview(members)
+        return deferred(NAME, user_id, ids, answer.reason, preview=preview, **details)
     if answer is None or not answer.is_duplicate_set:
         return None
     return Merge(user_id, members, answer.merged_text, NEAR, score)

@@ -50,7 +50,14 @@ from jobs.contradiction_rules import (
     slot_pairs,
     validity_ended,
 )
-from jobs.llm_support import Deferral, ModelGate, deferred, rows_by_user, with_embeddings
+from jobs.llm_support import (
+    Deferral,
+    ModelGate,
+    deferred,
+    first_preview,
+    rows_by_user,
+    with_embeddings,
+)
 from jobs.similarity import normalise_text, pairs_above
 
 __all__ = ["NAME", "plan", "plan_contradiction"]
@@ -141,7 +148,8 @@ def _judged(pair: Pair, verdict: Any, *, now: datetime) -> Action | None:
     if isinstance(verdict, Deferral):
         members = [pair.older, pair.newer]
         score = round(pair.similarity or 0.0, 4)
-        return deferred(NAME, pair.older.user_id, members, verdict.reason, similarity=score)
+        return deferred(NAME, pair.older.user_id, [m.id for m in members], verdict.reason,
+                        preview=first_preview(members), similarity=score)  # fmt: skip
     if verdict.verdict == "contradicts":
         return decide(pair, now=now)
     if verdict.verdict == "unsure":

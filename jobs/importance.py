@@ -27,7 +27,7 @@ decision cache; ``apply RUN_ID`` replays the stored plan and asks nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Any
@@ -38,6 +38,7 @@ from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
 from gc_worker.llm import LLMBudgetExhausted, LLMInvalidAnswer, LLMUnavailable
 from gc_worker.queries import q
+from jobs.llm_support import deferred
 
 NAME = "importance"
 REASON = "importance_assessed"
@@ -82,17 +83,6 @@ def score_actions(batch: ScoringBatch, scores: Mapping[str, int]) -> list[Action
         )
         for row in batch.rows
     ]
-
-
-def deferred(job: str, user_id: str, ids: Sequence[Any], reason: str, **details: Any) -> Action:
-    """A candidate group left for a later run (nothing changes)."""
-    return Action(
-        job=job,
-        action=Kind.DEFERRED,
-        user_id=user_id,
-        reason=reason,
-        details={"memory_ids": [str(i) for i in ids], **details},
-    )
 
 
 def defer_batch(batch: ScoringBatch, reason: str, **details: Any) -> Action:

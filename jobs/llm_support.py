@@ -77,16 +77,24 @@ class ModelGate:
             return None
 
 
-def deferred(job: str, user_id: str, members: Sequence[Any], reason: str, **details: Any) -> Action:
-    """A ``deferred`` action: the group's member ids, nothing changes."""
+def deferred(
+    job: str, user_id: str, ids: Sequence[Any], reason: str, *, preview: str | None = None,
+    **details: Any,
+) -> Action:  # fmt: skip
+    """A candidate group left for a later run (nothing changes): its member ids, and a preview
+    of one member's text when the caller has one."""
     return Action(
         job=job,
         action=Kind.DEFERRED,
         user_id=user_id,
         reason=reason,
-        details={"memory_ids": [str(m.id) for m in members], **details},
-        preview=getattr(members[0], "preview", None) if members else None,
+        details={"memory_ids": [str(i) for i in ids], **details},
+        preview=preview,
     )
+
+
+def first_preview(members: Sequence[Any]) -> str | None:
+    return getattr(members[0], "preview", None) if members else None
 
 
 def rows_by_user(ctx: BatchContext, query: str, **binds: Any) -> Iterator[tuple[str, list[Any]]]:

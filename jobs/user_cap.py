@@ -53,7 +53,8 @@ from gc_worker.llm import (
     centroid_embedding,
 )
 from gc_worker.queries import q
-from jobs.importance import BUDGET, INVALID, UNAVAILABLE, deferred
+from jobs.importance import BUDGET, INVALID, UNAVAILABLE
+from jobs.llm_support import deferred
 
 NAME = "user_cap"
 REASON = "over_cap"

@@ -29,8 +29,8 @@ import httpx2
 import sqlalchemy as sa
 
 from gc_worker.config import Settings
-from gc_worker.llm import LLMOptions, LLMPort, open_llm
-from gc_worker.llm_store import PostgresDecisionCache
+from gc_worker.llm import LLMPort, open_llm
+from gc_worker.llm_store import PostgresDecisionCache, llm_options
 from tests.test_llm_port import chat_reply, data_block, embeddings_reply, error_reply
 
 BASE_URL = "http://llm.test/v1"
@@ -151,18 +151,7 @@ def _schema_name(body: dict[str, Any]) -> str:
 
 def fake_port(engine: sa.Engine, settings: Settings, model: FakeModel) -> LLMPort:
     """The real port (openai client, Postgres cache, budget) over ``model``."""
-    options = LLMOptions(
-        api_key="test-key",
-        base_url=BASE_URL,
-        model=settings.llm.model,
-        embedding_model=settings.embeddings.model,
-        embedding_dim=settings.embeddings.dim,
-        timeout_seconds=settings.llm.timeout_seconds,
-        max_calls_per_run=settings.llm.max_calls_per_run,
-        max_tokens_per_run=settings.llm.max_tokens_per_run,
-        max_retries=settings.llm.max_retries,
-        backoff_base_seconds=0,
-    )
+    options = llm_options(settings, api_key="test-key", base_url=BASE_URL, backoff_base_seconds=0)
     http_client = httpx2.Client(transport=httpx2.MockTransport(model))
     port = open_llm(options, http_client=http_client, cache=PostgresDecisionCache(engine))
     assert port is not None
