@@ -162,8 +162,6 @@ def participating(engine: Engine, run_id: UUID) -> Iterator[None]:
 def _check_plan(plan: dict[str, Any]) -> None:
     if plan["mode"] != "dry_run":
         raise UsageError(f"run {plan['id']} is not a dry run; only a dry run's plan can be applied")
-    if plan["applied_by"] is not None:
-        raise UsageError(f"run {plan['id']} was already applied by run {plan['applied_by']}")
     if plan["status"] != "completed":
         raise UsageError(
             f"run {plan['id']} is {plan['status']}; only a completed plan can be applied"
@@ -192,12 +190,18 @@ def process_run(
     ``should_stop`` is asked between batches (SIGTERM: finish the current batch, then return).
     ``participate=False``: the caller already holds the run's participation lock (the daemon).
     """
-    if participate:
-        with participating(engine, run_id):
-            return process_run(
-                engine, run_id, settings, llm=llm, on_batch=on_batch, should_stop=should_stop,
-                participate=False,
-            )  # fmt: skip
+    with participating(engine, run_id) if participate else contextlib.nullcontext():
+        return _work_run(engine, run_id, settings, llm, on_batch, should_stop)
+
+
+def _work_run(
+    engine: Engine,
+    run_id: UUID,
+    settings: Settings,
+    llm: Any,
+    on_batch: Callable[[int], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> bool:
     with engine.connect() as conn:
         run = load_run(conn, run_id)
     structlog.contextvars.bind_contextvars(run_id=str(run_id), dry_run=run["mode"] == "dry_run")
