@@ -55,7 +55,7 @@ class BatchContext:
     # missing here reads every user
     work: dict[str, set[str]] = field(default_factory=dict)
     # job → the candidate rows the scan picked for the batch (read by id; see picked_ids)
-    picked: dict[str, set[UUID]] = field(default_factory=dict)
+    picked: dict[str, set[str]] = field(default_factory=dict)  # ids as text, as stored
     stats: dict[str, JobStats] = field(default_factory=dict)
 
     def job_stats(self, job: str) -> JobStats:
@@ -89,7 +89,7 @@ class BatchContext:
         finally:
             self.users = everyone
 
-    def picked_ids(self, job: str) -> list[UUID] | None:
+    def picked_ids(self, job: str) -> list[str] | None:
         """The rows ``job`` should read by id — those the scan picked, and any re-assessed
         earlier in this batch — or None: read every row of the batch's users (no scan).
 
@@ -98,7 +98,7 @@ class BatchContext:
         and rows already taken (excluded by the query)."""
         if job not in self.picked:
             return None
-        return sorted(self.picked[job] | set(self.importance), key=str)
+        return sorted(self.picked[job] | {str(i) for i in self.importance})
 
     def candidates_query(
         self, job: str, name: str, params: dict[str, Any]

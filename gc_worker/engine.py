@@ -250,8 +250,7 @@ def _process_next_batch(engine: Engine, run: dict[str, Any], settings: Settings,
             conn=conn, users=list(batch.users), settings=settings, now=run["now"],
             dry_run=run["mode"] == "dry_run", llm=llm,
             work={job: set(users) for job, users in (batch.work or {}).get("users", {}).items()},
-            picked={job: {UUID(i) for i in ids}
-                    for job, ids in (batch.work or {}).get("ids", {}).items()},
+            picked={job: set(ids) for job, ids in (batch.work or {}).get("ids", {}).items()},
         )  # fmt: skip
         llm_before = llm.usage() if llm is not None else {}
         summary = _run_batch(ctx, run, batch.batch_no)

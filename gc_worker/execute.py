@@ -62,7 +62,8 @@ def execute(
 def lock_rows(
     conn: Connection, actions: Sequence[Action]
 ) -> tuple[dict[UUID, int], dict[UUID, str]]:
-    ids = sorted({a.memory_id for a in actions if a.row_version is not None}, key=str)
+    # (the rows are locked in the statement's ORDER BY id, whatever the list's order)
+    ids = list({a.memory_id for a in actions if a.row_version is not None})
     if not ids:
         return {}, {}
     rows = conn.execute(q("lock_rows"), {"ids": ids}).all()

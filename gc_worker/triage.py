@@ -74,7 +74,7 @@ def scan(
     judging = [n for n in names if _has(n, "WORK")]
     columns = [f'{q(jobs.REGISTRY[n].WORK).text} AS "{n}"' for n in judging]
     columns += [
-        f'array_agg(id) FILTER (WHERE {q(jobs.REGISTRY[n].PICK).text}) AS "{n}__ids"'
+        f'array_agg(id::text) FILTER (WHERE {q(jobs.REGISTRY[n].PICK).text}) AS "{n}__ids"'
         for n in picking
     ]
     params: dict[str, Any] = {"users": list(users), "now": now}
@@ -92,7 +92,7 @@ def scan(
         for name in picking:  # a user with candidate rows has work too
             if row[f"{name}__ids"]:
                 found.users[name].add(row["user_id"])
-                found.ids[name][row["user_id"]] = [str(i) for i in row[f"{name}__ids"]]
+                found.ids[name][row["user_id"]] = row[f"{name}__ids"]
     return found
 
 

@@ -305,8 +305,15 @@ def plan(ctx: BatchContext) -> list[Action]:
     if not counts:
         return []
     summarize = ctx.settings.user_cap.overflow == "summarize"
-    params = ctx.params() | {"users": list(counts), "with_metadata": summarize}
-    rows = ctx.conn.execute(q("user_cap_candidates"), params)
+    cap = ctx.settings.user_cap.max_memories
+    users = sorted(counts)
+    params = ctx.params() | {
+        "users": users,
+        "take": [counts[u] - cap + 1 for u in users],  # split_overflow looks one row further
+        "reassessed_importance": list(ctx.importance.values()),  # aligned with :reassessed
+        "with_metadata": summarize,
+    }
+    rows = ctx.conn.execute(q("user_cap_candidates"), params).all()
     if summarize:
         return plan_summaries(ctx, rows, counts)
     return plan_user_cap(

@@ -29,7 +29,7 @@ ORDER BY user_id, id
 SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
        importance, confidence, created_at, updated_at, last_accessed_at
 FROM memories
-WHERE id = ANY(:picked) AND user_id = ANY(:users) AND status = 'active' AND NOT pinned
+WHERE id = ANY(CAST(:picked AS uuid[])) AND user_id = ANY(:users) AND status = 'active' AND NOT pinned
   AND created_at <= :grace_cutoff AND NOT (id = ANY(:taken))
   AND (id = ANY(:reassessed) OR (
         importance <= :max_importance
@@ -83,7 +83,7 @@ ORDER BY user_id, id
 SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
        importance, created_at, last_accessed_at
 FROM memories
-WHERE id = ANY(:picked) AND user_id = ANY(:users) AND status = 'active' AND NOT pinned
+WHERE id = ANY(CAST(:picked AS uuid[])) AND user_id = ANY(:users) AND status = 'active' AND NOT pinned
   AND coalesce(last_accessed_at, created_at) <= :unused_cutoff
   AND created_at <= :grace_cutoff AND NOT (id = ANY(:taken))
   AND (importance <= :max_importance OR id = ANY(:reassessed))

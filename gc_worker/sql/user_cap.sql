@@ -7,13 +7,31 @@ GROUP BY user_id
 HAVING count(*) > :floor
 
 -- user_cap_candidates --
--- The evictable (active, unpinned) rows of the over-cap users (metadata, for a summary's depth,
--- only when :with_metadata: evicting 100,000s of rows needs none of it).
-SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview,
-       importance, created_at, last_accessed_at, memory_type, source,
-       CASE WHEN :with_metadata THEN metadata END AS metadata
-FROM memories
-WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned AND NOT (id = ANY(:taken))
+-- The evictable (active, unpinned) rows of the over-cap users that could be taken: per user the
+-- first :take (excess + 1: summarize mode takes one more) in eviction order (jobs/user_cap.py
+-- eviction_key: effective importance, least recently used, oldest, id; re-assessed importance
+-- comes in :reassessed / :reassessed_importance). Ranking here sends only those rows to the
+-- worker (an over-cap user of thousands of rows loses a few hundred). metadata, for a summary's
+-- depth, only :with_metadata.
+SELECT id, user_id, row_version, preview, importance, created_at, last_accessed_at, memory_type,
+       source, metadata
+FROM (
+    SELECT m.id, m.user_id, m.xmin::text::bigint AS row_version, left(m.content, 200) AS preview,
+           m.importance, m.created_at, m.last_accessed_at, m.memory_type, m.source,
+           CASE WHEN :with_metadata THEN m.metadata END AS metadata, w.take,
+           row_number() OVER (
+               PARTITION BY m.user_id
+               ORDER BY coalesce(r.importance, m.importance),
+                        coalesce(m.last_accessed_at, m.created_at), m.created_at, m.id) AS rank
+    FROM memories m
+    JOIN unnest(CAST(:users AS text[]), CAST(:take AS integer[])) AS w (user_id, take)
+      ON w.user_id = m.user_id
+    LEFT JOIN unnest(CAST(:reassessed AS uuid[]), CAST(:reassessed_importance AS integer[]))
+      AS r (id, importance) ON r.id = m.id
+    WHERE m.user_id = ANY(:users) AND m.status = 'active' AND NOT m.pinned
+      AND NOT (m.id = ANY(:taken))
+) ranked
+WHERE rank <= take
 ORDER BY user_id, id
 
 -- user_cap_fold_rows --
