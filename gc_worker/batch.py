@@ -47,6 +47,9 @@ class BatchContext:
     now: datetime
     dry_run: bool
     llm: Any = None
+    # False while the batch is planned before its transaction (the model is asked with no
+    # transaction open, gc_worker.engine): every read is its own, no cursor stays open
+    in_transaction: bool = True
     taken: set[UUID] = field(default_factory=set)
     importance: dict[UUID, int] = field(default_factory=dict)
     created: Counter[str] = field(default_factory=Counter)

@@ -131,9 +131,15 @@ def _redact(url: str) -> str:
 @contextlib.contextmanager
 def transaction(engine: Engine) -> Iterator[Connection]:
     """One transaction; driver failures become DatabaseUnavailable, everything rolls back."""
+    with translated_errors(), engine.begin() as conn:
+        yield conn
+
+
+@contextlib.contextmanager
+def translated_errors() -> Iterator[None]:
+    """Driver failures as WriteConflict (another writer; safe to retry) or DatabaseUnavailable."""
     try:
-        with engine.begin() as conn:
-            yield conn
+        yield
     except sa.exc.OperationalError as exc:
         if _is_conflict(exc.orig):
             raise WriteConflict(

@@ -1,12 +1,14 @@
 """Runs: walk users in batches, plan the jobs in order, persist the plan, apply it.
 
 A run is a row in ``gc_runs`` and its user batches in ``gc_run_batches``; a scan at its start
-(gc_worker.triage) decides which users each job reads and which rows. Each batch is one
-transaction that holds the batch row (``FOR UPDATE SKIP LOCKED``) from claim to commit, so any
-number of workers can share a run, each batch is done exactly once, and a batch whose worker
-dies is rolled back and taken by the next worker. Inside a batch:
+(gc_worker.triage) decides which users each job reads and which rows. A worker claims a batch
+and its users with advisory locks on a session of its own (``claimed``), held until the batch
+commits, so any number of workers can share a run, each batch is done exactly once, and a batch
+whose worker dies is released to the next worker. A batch is planned and applied in one
+transaction; when a job may call the model (``asks_model``) the plan is made just before that
+transaction, with none open, so a slow model never holds one. Then, in the transaction:
 
-- dry run: plan every job, store the actions as ``planned``; no memory changes;
+- dry run: the actions are stored as ``planned``; no memory changes;
 - apply (a plain run, or ``apply RUN_ID`` of a stored plan): the executor locks and
   version-checks the rows, applies what did not drift, and the audit rows are written in the
   same transaction.
@@ -32,7 +34,7 @@ from gc_worker import audit, triage
 from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
-from gc_worker.db import retrying, transaction
+from gc_worker.db import retrying, transaction, translated_errors
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.execute import execute
 from gc_worker.queries import q
@@ -232,46 +234,141 @@ def _fail(engine: Engine, run_id: UUID, exc: Exception) -> None:
     log.error("gc.run_failed", run_id=str(run_id), error=str(exc))
 
 
+@dataclass
+class Claim:
+    """A batch this worker claimed: ``conn`` (autocommit, no transaction) holds the claim and
+    the batch's users' locks until ``claimed`` returns; ``batch`` is its row."""
+
+    conn: Connection
+    batch: Any
+
+
+@contextlib.contextmanager
+def claimed(engine: Engine, run_id: UUID) -> Iterator[Claim | None]:
+    """Claim the first pending batch of the run nobody else holds (None when there is none),
+    and lock its users, on a session of our own: the claim spans the batch's plan and the
+    transaction that applies it, needs no transaction open in between, and dies with the
+    session if the worker does."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        with translated_errors():
+            claim = _claim(conn, run_id)
+            if claim is not None:
+                conn.execute(q("lock_batch_users"), {"users": list(claim.batch.users)})
+            yield claim
+    finally:
+        try:
+            conn.execute(q("unlock_claim"))
+        except Exception:
+            conn.invalidate()  # closing the session releases the locks
+        conn.close()
+
+
+def _claim(conn: Connection, run_id: UUID) -> Claim | None:
+    for batch_no in conn.execute(q("pending_batches"), {"run_id": run_id}).scalars().all():
+        if conn.execute(q("try_claim_batch"), {"run_id": run_id, "batch_no": batch_no}).scalar():
+            batch = conn.execute(
+                q("claimed_batch"), {"run_id": run_id, "batch_no": batch_no}
+            ).first()
+            if batch is not None:
+                return Claim(conn, batch)
+            conn.execute(q("unlock_claim"))  # finished meanwhile by another worker
+    return None
+
+
 def _process_next_batch(engine: Engine, run: dict[str, Any], settings: Settings, llm: Any) -> bool:
-    with transaction(engine) as conn:
-        batch = conn.execute(q("claim_batch"), {"run_id": run["id"]}).first()
-        if batch is None:
+    with claimed(engine, run["id"]) as claim:
+        if claim is None:
             return False
-        # psycopg prepares a statement executed 5 times, and PostgreSQL then switches to a generic
-        # plan, in which `= ANY($1)` cannot hash its array: `NOT (id = ANY(:taken))` over
-        # thousands of ids became a linear search per row from the 10th batch on (10x slower).
-        conn.execute(q("custom_plans"))
-        # one batch at a time per user, across runs (a sweep vs the nightly run)
-        conn.execute(q("lock_batch_users"), {"users": list(batch.users)})
+        batch_no = claim.batch.batch_no
         structlog.contextvars.bind_contextvars(
-            batch_no=batch.batch_no, user_id=batch.users[0] if len(batch.users) == 1 else None
+            batch_no=batch_no, user_id=claim.batch.users[0] if len(claim.batch.users) == 1 else None
         )
-        ctx = BatchContext(
-            conn=conn, users=list(batch.users), settings=settings, now=run["now"],
-            dry_run=run["mode"] == "dry_run", llm=llm,
-            work={job: set(users) for job, users in (batch.work or {}).get("users", {}).items()},
-            picked={job: set(ids) for job, ids in (batch.work or {}).get("ids", {}).items()},
-        )  # fmt: skip
         llm_before = llm.usage() if llm is not None else {}
-        summary = _run_batch(ctx, run, batch.batch_no)
+        early: tuple[BatchContext, list[Action]] | None = None
+        if asks_model(run, settings, llm):
+            # the model can take minutes to answer: plan first, with no transaction open (each
+            # read is its own; the claim and the users' locks are held by the claiming session),
+            # then apply in a short transaction that checks every row's version as planned
+            claim.conn.execute(q("custom_plans_session"))
+            ctx = _context(claim.conn, claim.batch, run, settings, llm, in_transaction=False)
+            early = ctx, _plan(ctx, run, batch_no)
+        summary = _commit_batch(engine, run, batch_no, settings, llm, llm_before, early)
+    if summary is not None:
+        log.info("gc.batch_committed", batch_no=batch_no, users=len(claim.batch.users), **summary)
+    return True
+
+
+def _commit_batch(
+    engine: Engine, run: dict[str, Any], batch_no: int, settings: Settings, llm: Any,
+    llm_before: dict[str, int], early: tuple[BatchContext, list[Action]] | None,
+) -> dict[str, int] | None:  # fmt: skip
+    """The claimed batch's transaction: plan (unless ``early`` holds the plan made before it),
+    apply or store, mark done; None if the batch was finished meanwhile."""
+    with transaction(engine) as conn:
+        batch = conn.execute(q("lock_batch"), {"run_id": run["id"], "batch_no": batch_no}).first()
+        if batch is None:
+            return None  # finished by another worker (one that did not go through a claim)
+        # psycopg prepares a statement executed 5 times, and PostgreSQL then switches to a
+        # generic plan, in which `= ANY($1)` cannot hash its array: `NOT (id = ANY(:taken))`
+        # over thousands of ids became a linear search per row from the 10th batch on.
+        conn.execute(q("custom_plans"))
+        if early is None:
+            ctx = _context(conn, batch, run, settings, llm, in_transaction=True)
+            actions = _plan(ctx, run, batch_no)
+        else:
+            ctx, actions = early
+            ctx.conn, ctx.in_transaction = conn, True
+        summary = _run_batch(ctx, run, batch_no, actions)
         stats: dict[str, Any] = {k: v.as_dict() for k, v in ctx.stats.items()}
         if llm is not None:
             after = llm.usage()
             stats["_llm"] = {k: after[k] - llm_before.get(k, 0) for k in after}
         conn.execute(
             q("finish_batch"),
-            {"run_id": run["id"], "batch_no": batch.batch_no, "worker": WORKER_ID,
+            {"run_id": run["id"], "batch_no": batch_no, "worker": WORKER_ID,
              "stats": json.dumps(stats)},
         )  # fmt: skip
-    log.info("gc.batch_committed", batch_no=batch.batch_no, users=len(batch.users), **summary)
-    return True
+    return summary
 
 
-def _run_batch(ctx: BatchContext, run: dict[str, Any], batch_no: int) -> dict[str, int]:
+def asks_model(run: dict[str, Any], settings: Settings, llm: Any) -> bool:
+    """Whether planning this run's batches may call the model (then it is done before the batch
+    transaction): a port, a fresh plan (an apply of a stored plan asks nothing), and a job that
+    asks (a job module's ``asks_model(settings)``)."""
+    return (
+        llm is not None
+        and run["plan_run_id"] is None
+        and any(
+            getattr(jobs.REGISTRY[name], "asks_model", lambda _: False)(settings)
+            for name in run["jobs"]
+        )
+    )
+
+
+def _context(
+    conn: Connection, batch: Any, run: dict[str, Any], settings: Settings, llm: Any,
+    *, in_transaction: bool,
+) -> BatchContext:  # fmt: skip
+    work = batch.work or {}
+    return BatchContext(
+        conn=conn, users=list(batch.users), settings=settings, now=run["now"],
+        dry_run=run["mode"] == "dry_run", llm=llm, in_transaction=in_transaction,
+        work={job: set(users) for job, users in work.get("users", {}).items()},
+        picked={job: set(ids) for job, ids in work.get("ids", {}).items()},
+    )  # fmt: skip
+
+
+def _plan(ctx: BatchContext, run: dict[str, Any], batch_no: int) -> list[Action]:
+    """The batch's actions: its stored plan (an apply of a dry run) or a fresh one."""
     if run["plan_run_id"] is not None:
-        actions = audit.load_planned(ctx.conn, run["plan_run_id"], batch_no)
-    else:
-        actions = plan_batch(ctx, run["jobs"])
+        return audit.load_planned(ctx.conn, run["plan_run_id"], batch_no)
+    return plan_batch(ctx, run["jobs"])
+
+
+def _run_batch(
+    ctx: BatchContext, run: dict[str, Any], batch_no: int, actions: list[Action]
+) -> dict[str, int]:
     if ctx.dry_run:
         audit.record(ctx.conn, run["id"], batch_no, actions, outcome="planned")
         applied, drifted = actions, []

@@ -42,6 +42,7 @@ import numpy as np
 
 from gc_worker.actions import Action
 from gc_worker.batch import BatchContext
+from gc_worker.config import Settings
 from gc_worker.llm import decision_key
 from gc_worker.queries import q
 from jobs.compaction_records import (
@@ -238,3 +239,9 @@ def plan(ctx: BatchContext) -> list[Action]:
                 outcomes.append(outcome)
     embed_merges(ctx, gate, [o for o in outcomes if isinstance(o, Merge)])
     return [action for outcome in outcomes for action in _actions(ctx, outcome)]
+
+
+def asks_model(settings: Settings) -> bool:
+    """gc_worker.engine: planning may call the model, so it is done before the batch
+    transaction."""
+    return True

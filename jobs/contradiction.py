@@ -38,6 +38,7 @@ from typing import Any
 
 from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
+from gc_worker.config import Settings
 from gc_worker.queries import q
 from jobs.contradiction_rules import (
     NAME,
@@ -194,3 +195,9 @@ def plan(ctx: BatchContext) -> list[Action]:
         ctx.job_stats(NAME).skipped += skipped
         ctx.job_stats(NAME).not_asked += not_asked
     return actions
+
+
+def asks_model(settings: Settings) -> bool:
+    """gc_worker.engine: planning may call the model, so it is done before the batch
+    transaction."""
+    return True

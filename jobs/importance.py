@@ -36,14 +36,13 @@ import structlog
 
 from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
+from gc_worker.config import Settings
 from gc_worker.llm import LLMBudgetExhausted, LLMInvalidAnswer, LLMUnavailable
-from gc_worker.queries import q
-from jobs.llm_support import deferred
+from jobs.llm_support import candidate_rows, deferred
 
 NAME = "importance"
 REASON = "importance_assessed"
 UNAVAILABLE, INVALID, BUDGET = "llm_unavailable", "llm_invalid", "llm_budget"
-STREAM_ROWS = 500  # candidate rows fetched per round trip: one user's rows at a time in memory
 
 log = structlog.get_logger("memory_gc")
 
@@ -143,13 +142,15 @@ def merge_deferred(actions: Iterable[Action]) -> list[Action]:
 
 
 def plan(ctx: BatchContext) -> list[Action]:
-    statement = q("importance_candidates").execution_options(yield_per=STREAM_ROWS)
-    result = ctx.conn.execute(statement, ctx.params())
-    try:
-        actions = plan_scoring(ctx, scoring_batches(result, ctx.settings.importance.batch_size))
-    finally:
-        result.close()
+    rows = candidate_rows(ctx, "importance_candidates")
+    actions = plan_scoring(ctx, scoring_batches(rows, ctx.settings.importance.batch_size))
     deferred_count = sum(1 for a in actions if a.action is Kind.DEFERRED)
     if deferred_count:
         log.info("importance.batches_deferred", batches=deferred_count)
     return actions
+
+
+def asks_model(settings: Settings) -> bool:
+    """gc_worker.engine: planning may call the model, so it is done before the batch
+    transaction."""
+    return True

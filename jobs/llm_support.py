@@ -7,8 +7,8 @@
   ``None`` (the answer was rejected by the port's checks: counted in ``errors``, logged as
   ``<job>.answer_rejected``, nothing changes).
 - ``deferred(...)``: the ``deferred`` action listing a candidate group's member ids.
-- ``rows_by_user(ctx, query, **binds)``: a candidate query streamed from the server and cut
-  into one list per user, so one user's rows at a time are in memory.
+- ``rows_by_user(ctx, query, **binds)``: a candidate query cut into one list per user, so one
+  user's rows at a time are in memory (``candidate_rows``: the rows, streamed or per user).
 - ``embedding_of(row, dim)``: the row's embedding as a vector, or why it cannot be used.
 """
 
@@ -99,11 +99,23 @@ def first_preview(members: Sequence[Any]) -> str | None:
 
 def rows_by_user(ctx: BatchContext, query: str, **binds: Any) -> Iterator[tuple[str, list[Any]]]:
     """(user_id, rows) per user of the batch, from a query ordered by user_id."""
-    statement = q(query).execution_options(yield_per=STREAM_ROWS)
-    result = ctx.conn.execute(statement, ctx.params(**binds))
+    rows = candidate_rows(ctx, query, **binds)
+    for user_id, user_rows in itertools.groupby(rows, key=lambda row: row.user_id):
+        yield user_id, list(user_rows)
+
+
+def candidate_rows(ctx: BatchContext, query: str, **binds: Any) -> Iterator[Any]:
+    """A candidates query's rows, ordered by user, one user's rows at a time in memory: inside
+    the batch transaction streamed from the server; planned before it (the model is asked in
+    between, with no transaction open) one short read per user, so no cursor stays open."""
+    params = ctx.params(**binds)
+    if not ctx.in_transaction:
+        for user in ctx.users:
+            yield from ctx.conn.execute(q(query), params | {"users": [user]}).all()
+        return
+    result = ctx.conn.execute(q(query).execution_options(yield_per=STREAM_ROWS), params)
     try:
-        for user_id, rows in itertools.groupby(result, key=lambda row: row.user_id):
-            yield user_id, list(rows)
+        yield from result
     finally:
         result.close()
 

@@ -319,3 +319,8 @@ def plan(ctx: BatchContext) -> list[Action]:
     return plan_user_cap(
         rows, counts, cap=ctx.settings.user_cap.max_memories, importance=ctx.importance
     )
+
+
+def asks_model(settings: Settings) -> bool:
+    """gc_worker.engine: only summarize mode calls the model while planning."""
+    return settings.user_cap.overflow == "summarize"

@@ -221,16 +221,17 @@ class TestPickUp:
 
 class TestOneBatchPerUser:
     def test_sweep_waits_for_a_batch_holding_the_user(self, engine, daemon):
-        """While another batch transaction holds a user, a sweep of that user waits for it."""
+        """While another worker's batch holds a user, a sweep of that user waits for it."""
         alice = expired(engine, "alice")
         request_id = sweeps.request_sweep(engine, "alice")
         with engine.connect() as other_batch:
             other_batch.execute(q("lock_batch_users"), {"users": ["bob", "alice"]})
+            other_batch.commit()  # the locks are the session's: they outlive its transactions
             thread = threading.Thread(target=daemon.sweep_next)
             thread.start()
             time.sleep(0.5)
             assert thread.is_alive() and status(engine, alice) == "active"
-            other_batch.rollback()
+            other_batch.execute(q("unlock_claim"))
         thread.join(10)
         assert request_row(engine, request_id)["status"] == "done"
 

@@ -18,19 +18,21 @@ SELECT DISTINCT user_id FROM memories WHERE user_id = ANY(:users)
 INSERT INTO gc_runs (id, mode, trigger, now, users, jobs, settings, plan_run_id)
 VALUES (:id, :mode, :trigger, :now, :users, :jobs, CAST(:settings AS jsonb), :plan_run_id)
 
--- claim_batch --
--- Take the next pending batch of a run; a batch another worker holds is skipped, and its lock
--- (held by that worker's open transaction) disappears if the worker dies.
+-- lock_batch --
+-- The batch row of a claimed batch (gc_worker.engine.claimed), locked for the transaction that
+-- applies it; nothing if it is no longer pending.
 SELECT batch_no, users, work
 FROM gc_run_batches
-WHERE run_id = :run_id AND state = 'pending'
-ORDER BY batch_no
-LIMIT 1
+WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
 FOR UPDATE SKIP LOCKED
 
 -- custom_plans --
 -- Plan every statement of the batch transaction for its actual arrays (see engine.py).
 SET LOCAL plan_cache_mode = force_custom_plan
+
+-- custom_plans_session --
+-- The same for a claiming session that plans before the batch transaction.
+SET plan_cache_mode = force_custom_plan
 
 -- finish_batch --
 -- Mark a claimed batch done with its per-job counters.

@@ -4,13 +4,37 @@
 UPDATE gc_runs SET slot = :slot WHERE id = :run_id
 
 -- lock_batch_users --
--- Per-user advisory locks for the batch transaction, taken in one sorted pass (no deadlock
--- between batches): a user is never in two running batches at once (sweep vs nightly run).
+-- Per-user advisory locks for a claimed batch, on the claiming session (gc_worker.engine.claimed)
+-- from before its plan to after its commit, taken in one sorted pass (no deadlock between
+-- batches): a user is never in two batches at once (sweep vs nightly run). Released by
+-- unlock_claim, or when the session ends.
 SELECT count(*)
 FROM (
-    SELECT pg_advisory_xact_lock(4242001, k)
+    SELECT pg_advisory_lock(4242001, k)
     FROM (SELECT DISTINCT hashtext(u) AS k FROM unnest(CAST(:users AS text[])) AS u ORDER BY k) s
 ) locked
+
+-- pending_batches --
+-- A run's batches not done yet, in order: the ones a worker may try to claim.
+SELECT batch_no FROM gc_run_batches WHERE run_id = :run_id AND state = 'pending' ORDER BY batch_no
+
+-- try_claim_batch --
+-- Claim one batch of a run for this session: a session-level advisory lock, so the claim holds
+-- while the batch is planned with no transaction open (the model may take minutes to answer)
+-- and ends with the session if the worker dies.
+SELECT pg_try_advisory_lock(
+    hashtextextended(CAST(:run_id AS text) || '/' || CAST(:batch_no AS text), 4242003))
+
+-- claimed_batch --
+-- The claimed batch, if it is still pending (another worker may have finished it between
+-- pending_batches and the claim).
+SELECT batch_no, users, work
+FROM gc_run_batches
+WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
+
+-- unlock_claim --
+-- Release everything the claiming session holds: the batch claim and its users' locks.
+SELECT pg_advisory_unlock_all()
 
 -- run_by_slot --
 -- The run that holds a slot, if any.

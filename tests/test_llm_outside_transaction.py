@@ -1,0 +1,150 @@
+"""The model is asked with no transaction open: a batch whose jobs call the model is planned
+first (its claim and its users' locks held by a session of its own, every read its own) and
+applied afterwards in a short transaction that checks each row's version as planned. So a slow
+model never holds a transaction open — no ``idle in transaction`` session for
+``idle_in_transaction_session_timeout`` to kill, no snapshot holding back vacuum — and a row
+the application changes meanwhile is drifted, never overwritten."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+from uuid import UUID
+
+import httpx2
+import pytest
+import sqlalchemy as sa
+
+from gc_worker import db
+from gc_worker import engine as gc_engine
+from gc_worker.config import Settings, UserCapSettings
+from gc_worker.queries import q
+from tests.conftest import TEST_DIM
+from tests.fake_model import FakeModel, fake_port
+from tests.store import NOW, add, days_ago, execute, run, status
+from tests.test_compaction import E0, at_similarity
+
+SETTINGS = Settings.model_validate(
+    {"embeddings": {"dim": TEST_DIM}, "user_cap": {"max_memories": 3, "overflow": "summarize"}}
+)
+OPEN_TRANSACTIONS = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+  AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+"""
+
+
+class Watching(FakeModel):
+    """A good model that, on every request, first runs ``during(request)``."""
+
+    def __init__(self, during: Any) -> None:
+        super().__init__("good", dim=TEST_DIM)
+        self.during = during
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        self.during(request)
+        return super().__call__(request)
+
+
+def seed(engine: sa.Engine) -> tuple[UUID, UUID]:
+    """For u1: two paraphrases (compaction), unassessed rows (importance), over a cap of 3
+    (user_cap summarize); u2: one row."""
+    a = add(engine, "u1", "Likes green tea", created_at=days_ago(9), embedding=E0)
+    b = add(engine, "u1", "Enjoys drinking green tea", created_at=days_ago(2),
+            embedding=at_similarity(0.95))  # fmt: skip
+    for i in range(3):
+        add(engine, "u1", f"Fact number {i} about the user", created_at=days_ago(20 + i),
+            embedding=at_similarity(0.2, axis=2 + i))  # fmt: skip
+    add(engine, "u2", "Another user's memory", embedding=E0)
+    return a, b
+
+
+@pytest.fixture
+def monitor(engine: sa.Engine) -> Iterator[sa.Connection]:
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield conn
+
+
+def test_no_transaction_is_open_while_the_model_answers(engine, monitor) -> None:
+    """Every request of every kind finds no open transaction of the worker."""
+    seen: list[int] = []
+    model = Watching(lambda _: seen.append(monitor.execute(sa.text(OPEN_TRANSACTIONS)).scalar()))
+    seed(engine)
+    with fake_port(engine, SETTINGS, model) as llm:
+        report = run(engine, SETTINGS, llm=llm)
+    assert report["status"] == "completed"
+    assert {"ImportanceAnswer", "MergeAnswer", "SummaryAnswer", "embed"} <= set(model.calls)
+    assert seen and seen == [0] * len(seen)
+
+
+def test_a_slow_model_under_idle_in_transaction_session_timeout(database_url: str) -> None:
+    """With a server that kills sessions idle in a transaction for 300 ms, a model taking
+    400 ms per answer still gets its merges and summary applied."""
+    slow = db.make_engine(
+        database_url, connect_args={"options": "-c idle_in_transaction_session_timeout=300"}
+    )
+    try:
+        a, b = seed(slow)
+        model = Watching(lambda _: time.sleep(0.4))
+        with fake_port(slow, SETTINGS, model) as llm:
+            report = run(slow, SETTINGS, llm=llm, jobs=["compaction", "user_cap"])
+        assert report["status"] == "completed"
+        assert status(slow, a) == status(slow, b) == "merged"
+        kinds = {(x["job"], x["action"]) for x in report["actions"]}
+        assert {("compaction", "create_merged"), ("user_cap", "create_merged")} <= kinds
+    finally:
+        slow.dispose()
+
+
+def test_a_row_changed_while_the_model_answers_is_drifted(engine) -> None:
+    """The application touches a member of the merge group while the model is answering: the
+    whole group is drifted, nothing is merged; the next run merges it (from the cache)."""
+    a, b = seed(engine)
+
+    def app_writes(request: httpx2.Request) -> None:
+        if b"MergeAnswer" in request.content:
+            execute(engine, "UPDATE memories SET access_count = access_count + 1 WHERE id = :b",
+                    b=b)  # fmt: skip
+
+    with fake_port(engine, SETTINGS, Watching(app_writes)) as llm:
+        first = run(engine, SETTINGS, llm=llm, jobs=["compaction"])
+    assert first["jobs"]["compaction"]["drifted"] >= 3  # the record and both members
+    assert status(engine, a) == status(engine, b) == "active"
+    model = FakeModel("good", dim=TEST_DIM)
+    with fake_port(engine, SETTINGS, model) as llm:
+        run(engine, SETTINGS, llm=llm, jobs=["compaction"], now=NOW)
+    assert status(engine, a) == status(engine, b) == "merged"
+    assert model.calls["MergeAnswer"] == 0  # the decision was cached by the first run
+
+
+def test_a_batch_another_worker_claimed_is_left_to_it(engine) -> None:
+    """A batch whose claim another session holds is skipped (the run is not completed by this
+    worker); once that worker is gone, the batch is taken."""
+    for user in ("a", "b"):
+        add(engine, user, expires_at=days_ago(1))
+    settings = Settings.model_validate({"run": {"batch_users": 1}})
+    request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("ttl_expiry",))
+    run_id = gc_engine.start_run(engine, settings, request)
+    with engine.connect() as other:
+        other.execute(q("try_claim_batch"), {"run_id": run_id, "batch_no": 0})
+        other.commit()
+        assert gc_engine.process_run(engine, run_id, settings) is False
+        states = execute(
+            engine, "SELECT state FROM gc_run_batches WHERE run_id = :r ORDER BY batch_no",
+            r=run_id,
+        ).scalars().all()  # fmt: skip
+        assert states == ["pending", "done"]
+        other.execute(q("unlock_claim"))  # the other worker is gone
+    assert gc_engine.process_run(engine, run_id, settings) is True
+
+
+def test_user_cap_evict_mode_does_not_ask(engine) -> None:
+    """Only jobs that may call the model are planned before the transaction."""
+    settings = SETTINGS.model_copy(update={"user_cap": UserCapSettings(max_memories=3)})
+    run_row = {"plan_run_id": None, "jobs": ["ttl_expiry", "user_cap"]}
+    assert gc_engine.asks_model(run_row, settings, object()) is False
+    assert gc_engine.asks_model(run_row, SETTINGS, object()) is True
+    assert gc_engine.asks_model(run_row | {"plan_run_id": "x"}, SETTINGS, object()) is False
+    assert gc_engine.asks_model(run_row, SETTINGS, None) is False
