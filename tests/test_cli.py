@@ -70,6 +70,31 @@ class TestHappyPath:
             [plan_id, "dry_run", "completed", "cli"],
         ]
 
+    def test_runs_shows_a_running_run_nobody_works_as_stopped(self, engine, cli_env, capsys):
+        """A run left `running` by a killed process reads `stopped`; while a process works it
+        (holds its participation lock), `running`."""
+        from gc_worker import engine as gc_engine
+        from gc_worker.config import Settings
+        from gc_worker.queries import q
+
+        seeded(engine)
+        request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("ttl_expiry",))
+        run_id = gc_engine.start_run(engine, Settings(), request)  # then "killed"
+
+        def listed() -> str:
+            assert main(["runs"]) == 0
+            [line] = [x for x in capsys.readouterr().out.splitlines() if str(run_id) in x]
+            return line.split()[2]
+
+        assert listed() == "stopped"
+        with engine.connect() as worker:
+            worker.execute(q("lock_run_shared"), {"run_id": run_id})
+            worker.commit()
+            assert listed() == "running"
+            worker.execute(q("unlock_run_shared"), {"run_id": run_id})
+            worker.commit()
+        assert listed() == "stopped"
+
     def test_migrate_is_idempotent(self, cli_env, capsys):
         """migrate on a current schema says so and changes nothing."""
         assert main(["migrate"]) == 0

@@ -93,9 +93,17 @@ ORDER BY batch_no, seq
 SELECT stats FROM gc_run_batches WHERE run_id = :run_id AND state = 'done'
 
 -- recent_runs --
--- The latest runs, newest first.
-SELECT id, mode, status, trigger, now, started_at, finished_at, plan_run_id, applied_by
-FROM gc_runs ORDER BY started_at DESC LIMIT :limit
+-- The latest runs, newest first. A run still 'running' that no process works (nobody holds its
+-- participation lock, lock_run_shared: it was killed) shows as 'stopped'.
+SELECT id, mode, trigger, now, started_at, finished_at, plan_run_id, applied_by,
+       CASE WHEN status = 'running' AND NOT EXISTS (
+                SELECT 1 FROM pg_locks l
+                WHERE l.locktype = 'advisory' AND l.granted
+                  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                  AND l.classid = 4242002 AND l.objsubid = 2
+                  AND l.objid = CAST(hashtext(CAST(r.id AS text)) AS oid))
+            THEN 'stopped' ELSE status END AS status
+FROM gc_runs r ORDER BY started_at DESC LIMIT :limit
 
 -- complete_restore_run --
 -- A restore run has no batches; it is complete when its transaction commits.
