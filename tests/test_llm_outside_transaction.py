@@ -80,14 +80,14 @@ def test_no_transaction_is_open_while_the_model_answers(engine, monitor) -> None
 
 
 def test_a_slow_model_under_idle_in_transaction_session_timeout(database_url: str) -> None:
-    """With a server that kills sessions idle in a transaction for 300 ms, a model taking
-    400 ms per answer still gets its merges and summary applied."""
+    """With a server that kills sessions idle in a transaction for 1 s, a model taking
+    1.2 s per answer still gets its merge and summary applied."""
     slow = db.make_engine(
-        database_url, connect_args={"options": "-c idle_in_transaction_session_timeout=300"}
+        database_url, connect_args={"options": "-c idle_in_transaction_session_timeout=1000"}
     )
     try:
         a, b = seed(slow)
-        model = Watching(lambda _: time.sleep(0.4))
+        model = Watching(lambda _: time.sleep(1.2))
         with fake_port(slow, SETTINGS, model) as llm:
             report = run(slow, SETTINGS, llm=llm, jobs=["compaction", "user_cap"])
         assert report["status"] == "completed"
