@@ -50,8 +50,9 @@ log = structlog.get_logger("memory_gc")
 RESUMABLE = (scheduler.NIGHTLY_TRIGGER, scheduler.APPLY_TRIGGER)
 SWEEP_TRIGGER = "sweep"
 UPKEEP_SECONDS = 30.0
-# While the sweep loop works a sweep, /healthz stays green as long as batches keep committing
-# at most this far apart (one batch of LLM calls can take minutes; a hung one cannot).
+# While the sweep loop works a sweep, /healthz stays green as long as batches keep committing,
+# or model requests keep completing, at most this far apart (a batch of LLM calls can take
+# many minutes; a hung one makes no request).
 BUSY_LIMIT_SECONDS = 900.0
 Clock = Callable[[], datetime]
 
@@ -81,7 +82,7 @@ class Daemon:
         os.set_blocking(self._wake_w, False)
         self.failures = 0
         self.last_loop = time.monotonic()
-        self.last_progress = self.last_loop  # a batch committed by any run this daemon works
+        self.last_progress = self.last_loop  # a batch committed or a model request completed
         self.sweeping = False  # the sweep loop is inside a unit of work
 
     # -- stopping and health -------------------------------------------------------------
@@ -102,7 +103,8 @@ class Daemon:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Healthy while the sweep loop turns; while it works a sweep (which may take minutes
-        of LLM calls), while batches keep committing (``BUSY_LIMIT_SECONDS`` apart at most)."""
+        of LLM calls), while batches keep committing or model requests keep completing
+        (``BUSY_LIMIT_SECONDS`` apart at most)."""
         now = time.monotonic()
         age = now - self.last_loop
         if self.sweeping:
@@ -220,6 +222,8 @@ class Daemon:
             if run["status"] != "running":
                 return run["status"] == "completed"
             llm = self._llm_factory()
+            if llm is not None:  # a model request, answered or not, is progress too
+                llm.on_request_done = self._made_progress
             try:
                 done = process_run(
                     self.engine, run_id, settings_of(run), llm=llm, should_stop=self.stopping,
@@ -238,8 +242,11 @@ class Daemon:
     # -- internals -----------------------------------------------------------------------
 
     def _batch_committed(self, run_id: UUID, trigger: str) -> None:
-        self.last_progress = time.monotonic()
+        self._made_progress()
         self.metrics.batches_committed(self.engine, run_id, trigger)
+
+    def _made_progress(self) -> None:
+        self.last_progress = time.monotonic()
 
     def _serve_sweep(self, claim: sweeps.SweepClaim) -> None:
         if claim.attempts > sweeps.MAX_ATTEMPTS:

@@ -7,6 +7,7 @@ the application changes meanwhile is drifted, never overwritten."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -148,3 +149,24 @@ def test_user_cap_evict_mode_does_not_ask(engine) -> None:
     assert gc_engine.asks_model(run_row, SETTINGS, object()) is True
     assert gc_engine.asks_model(run_row | {"plan_run_id": "x"}, SETTINGS, object()) is False
     assert gc_engine.asks_model(run_row, SETTINGS, None) is False
+
+
+def test_model_requests_are_a_sign_of_life_for_the_daemon(engine) -> None:
+    """A sweep whose one batch spends minutes asking the model keeps /healthz green: every
+    completed model request counts as progress, not only committed batches."""
+    from gc_worker import sweeps
+    from gc_worker.daemon import Daemon
+
+    progress_seen: list[float] = []
+    model = Watching(lambda _: progress_seen.append(daemon.last_progress))
+    seed(engine)
+    daemon = Daemon(engine, SETTINGS, clock=lambda: NOW,
+                    llm_factory=lambda: fake_port(engine, SETTINGS, model))  # fmt: skip
+    try:
+        sweeps.request_sweep(engine, "u1")  # one user: one batch, several model requests
+        assert daemon.sweep_next()
+    finally:
+        daemon.close()
+    assert sum(model.calls.values()) >= 3 and len(progress_seen) == sum(model.calls.values())
+    # each request after the first saw the progress the one before it recorded
+    assert all(later > earlier for earlier, later in itertools.pairwise(progress_seen))

@@ -52,6 +52,9 @@ class LLMPort:
         self._model = ModelClient(client, options, sleep)
         self._cache: DecisionCache = cache if cache is not None else InMemoryDecisionCache()
         self._budget = self._new_budget()
+        # called after every request to the model, answered or not: a sign of life for a
+        # caller whose unit of work may take minutes of model calls (the daemon's /healthz)
+        self.on_request_done: Callable[[], None] | None = None
 
     @property
     def budget(self) -> LLMBudget:
@@ -104,6 +107,8 @@ class LLMPort:
         except LLMInvalidAnswer as exc:
             self._reject("embed", None, len(texts), exc)
             raise
+        finally:
+            self._request_done()
 
     def _decide(self, user_id: str, request: DecisionRequest[Any, Any]) -> Any:
         key = decision_key(
@@ -121,6 +126,8 @@ class LLMPort:
         except LLMInvalidAnswer as exc:
             self._reject(request.kind, user_id, len(request.memory_ids), exc)
             raise
+        finally:
+            self._request_done()
         self._cache.put(
             key, request.kind, user_id, list(request.memory_ids), answer.model_dump(mode="json")
         )
@@ -138,6 +145,10 @@ class LLMPort:
         self._budget.count("cache_hits")
         log.debug("llm.cache_hit", kind=request.kind, memories=len(request.memory_ids))
         return result
+
+    def _request_done(self) -> None:
+        if self.on_request_done is not None:
+            self.on_request_done()
 
     def _reject(self, kind: str, user_id: str | None, size: int, exc: LLMInvalidAnswer) -> None:
         self._budget.count("invalid_answers")
