@@ -6,9 +6,10 @@ missed within the grace) and an ``upkeep`` interval job (apply due plans, resume
 nightly runs). The main thread waits on LISTEN/NOTIFY or ``poll_seconds`` and serves sweeps.
 
 Any number of daemons share one database: a slot's run is created once (unique
-``gc_runs.slot``) and joined by the others; batches are claimed ``FOR UPDATE SKIP LOCKED``. A
-daemon participating in a run holds a shared advisory lock on it; a ``running`` nightly run
-that nobody holds is orphaned (its daemons died) and is resumed by the next upkeep.
+``gc_runs.slot``) and joined by the others; batches are claimed with session-level advisory
+locks (gc_worker.engine.claimed), each by one worker. A daemon participating in a run holds a
+shared advisory lock on it; a ``running`` nightly run that nobody holds is orphaned (its daemons
+died) and is resumed by the next upkeep.
 
 Stopping (SIGTERM, SIGINT): the current batch of each thread commits, then work returns, a
 claimed sweep goes back to the queue, and ``serve`` returns.

@@ -24,6 +24,7 @@ from gc_worker.config import Runtime
 from gc_worker.errors import DatabaseUnavailable, WriteConflict
 
 EMBEDDED_DB = "memory_gc"
+APPLICATION_NAME = "memory-gc"
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
 _servers: dict[Path, Any] = {}
@@ -99,7 +100,11 @@ def _register_loaders(dbapi_connection: Any, _record: Any) -> None:
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine whose first connection fails fast with a message an operator can act on."""
+    """An engine whose first connection fails fast with a message an operator can act on; its
+    sessions show as application ``memory-gc`` in pg_stat_activity unless the URL names one."""
+    if url.startswith("postgresql") and "application_name" not in url:
+        named = {"application_name": APPLICATION_NAME}
+        kwargs["connect_args"] = named | kwargs.get("connect_args", {})
     engine = sa.create_engine(url, pool_pre_ping=True, **kwargs)
     if engine.dialect.driver == "psycopg":
         sa.event.listen(engine, "connect", _register_loaders)

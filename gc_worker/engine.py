@@ -149,6 +149,7 @@ def participating(engine: Engine, run_id: UUID) -> Iterator[None]:
     nobody holds is stopped (killed or failed) and may be taken up again."""
     conn = engine.connect()
     try:
+        conn.execute(q("keep_idle_session"))
         conn.execute(q("lock_run_shared"), {"run_id": run_id})
         conn.commit()
         yield
@@ -249,19 +250,22 @@ def claimed(engine: Engine, run_id: UUID) -> Iterator[Claim | None]:
     and lock its users, on a session of our own: the claim spans the batch's plan and the
     transaction that applies it, needs no transaction open in between, and dies with the
     session if the worker does."""
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        with translated_errors():
+    with translated_errors():
+        conn = engine.connect()
+        try:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.execute(q("keep_idle_session"))
             claim = _claim(conn, run_id)
             if claim is not None:
                 conn.execute(q("lock_batch_users"), {"users": list(claim.batch.users)})
             yield claim
-    finally:
-        try:
-            conn.execute(q("unlock_claim"))
-        except Exception:
-            conn.invalidate()  # closing the session releases the locks
-        conn.close()
+        finally:
+            try:
+                conn.execute(q("reset_session"))
+                conn.execute(q("unlock_claim"))
+            except Exception:
+                conn.invalidate()  # closing the session releases the locks
+            conn.close()
 
 
 def _claim(conn: Connection, run_id: UUID) -> Claim | None:

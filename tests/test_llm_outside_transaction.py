@@ -29,6 +29,7 @@ from tests.test_compaction import E0, at_similarity
 SETTINGS = Settings.model_validate(
     {"embeddings": {"dim": TEST_DIM}, "user_cap": {"max_memories": 3, "overflow": "summarize"}}
 )
+USER_FREE = "SELECT pg_try_advisory_lock(4242001, hashtext(:user))"
 OPEN_TRANSACTIONS = """
 SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND backend_type = 'client backend'
@@ -69,23 +70,33 @@ def monitor(engine: sa.Engine) -> Iterator[sa.Connection]:
 
 
 def test_no_transaction_is_open_while_the_model_answers(engine, monitor) -> None:
-    """Every request of every kind finds no open transaction of the worker."""
-    seen: list[int] = []
-    model = Watching(lambda _: seen.append(monitor.execute(sa.text(OPEN_TRANSACTIONS)).scalar()))
+    """Every request of every kind finds no open transaction of the worker, while the batch's
+    claim and its user's lock are held all along."""
+    seen: list[tuple[int, bool, bool]] = []
+
+    def look(_: httpx2.Request) -> None:
+        open_transactions = monitor.execute(sa.text(OPEN_TRANSACTIONS)).scalar()
+        user_free = monitor.execute(sa.text(USER_FREE), {"user": "u1"}).scalar()
+        run_id = monitor.execute(sa.text("SELECT id FROM gc_runs")).scalar()
+        batch_free = monitor.execute(q("try_claim_batch"), {"run_id": run_id, "batch_no": 0})
+        seen.append((open_transactions, user_free, batch_free.scalar()))
+        monitor.execute(q("unlock_claim"))  # in case the probe got a lock
+
+    model = Watching(look)
     seed(engine)
     with fake_port(engine, SETTINGS, model) as llm:
         report = run(engine, SETTINGS, llm=llm)
     assert report["status"] == "completed"
     assert {"ImportanceAnswer", "MergeAnswer", "SummaryAnswer", "embed"} <= set(model.calls)
-    assert seen and seen == [0] * len(seen)
+    assert seen and seen == [(0, False, False)] * len(seen)
 
 
 def test_a_slow_model_under_idle_in_transaction_session_timeout(database_url: str) -> None:
-    """With a server that kills sessions idle in a transaction for 1 s, a model taking
-    1.2 s per answer still gets its merge and summary applied."""
-    slow = db.make_engine(
-        database_url, connect_args={"options": "-c idle_in_transaction_session_timeout=1000"}
-    )
+    """With a server that ends sessions idle in a transaction, or idle at all, for 1 s, a model
+    taking 1.2 s per answer still gets its merge and summary applied (the worker's sessions that
+    hold locks while idle — a claim, a run's participation — opt out of idle_session_timeout)."""
+    options = "-c idle_in_transaction_session_timeout=1000 -c idle_session_timeout=1000"
+    slow = db.make_engine(database_url, connect_args={"options": options})
     try:
         a, b = seed(slow)
         model = Watching(lambda _: time.sleep(1.2))
@@ -129,7 +140,7 @@ def test_a_batch_another_worker_claimed_is_left_to_it(engine) -> None:
     request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("ttl_expiry",))
     run_id = gc_engine.start_run(engine, settings, request)
     with engine.connect() as other:
-        other.execute(q("try_claim_batch"), {"run_id": run_id, "batch_no": 0})
+        assert other.execute(q("try_claim_batch"), {"run_id": run_id, "batch_no": 0}).scalar()
         other.commit()
         assert gc_engine.process_run(engine, run_id, settings) is False
         states = execute(
@@ -170,3 +181,16 @@ def test_model_requests_are_a_sign_of_life_for_the_daemon(engine) -> None:
     assert sum(model.calls.values()) >= 3 and len(progress_seen) == sum(model.calls.values())
     # each request after the first saw the progress the one before it recorded
     assert all(later > earlier for earlier, later in itertools.pairwise(progress_seen))
+
+
+def test_the_worker_sessions_are_named(engine, database_url: str) -> None:
+    """pg_stat_activity shows the worker's sessions as memory-gc (so a script that reaps idle
+    sessions can spare them); a URL that names the application wins."""
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SHOW application_name")).scalar() == "memory-gc"
+    named = db.make_engine(database_url + "&application_name=gc-eu-1")  # the URL has ?host=
+    try:
+        with named.connect() as conn:
+            assert conn.execute(sa.text("SHOW application_name")).scalar() == "gc-eu-1"
+    finally:
+        named.dispose()

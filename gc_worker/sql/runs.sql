@@ -20,11 +20,13 @@ VALUES (:id, :mode, :trigger, :now, :users, :jobs, CAST(:settings AS jsonb), :pl
 
 -- lock_batch --
 -- The batch row of a claimed batch (gc_worker.engine.claimed), locked for the transaction that
--- applies it; nothing if it is no longer pending.
+-- applies it; nothing if it is no longer pending. Held by another transaction only if a claim
+-- was lost (its session killed): then fail at once (55P03, retried as a write conflict) rather
+-- than skip, which would claim and plan the same batch again in a loop.
 SELECT batch_no, users, work
 FROM gc_run_batches
 WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
-FOR UPDATE SKIP LOCKED
+FOR UPDATE NOWAIT
 
 -- custom_plans --
 -- Plan every statement of the batch transaction for its actual arrays (see engine.py).

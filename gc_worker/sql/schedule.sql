@@ -36,6 +36,16 @@ WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
 -- Release everything the claiming session holds: the batch claim and its users' locks.
 SELECT pg_advisory_unlock_all()
 
+-- keep_idle_session --
+-- A session that holds locks while it sits idle (a claim, a participation) must not be ended
+-- by the server's idle_session_timeout (PostgreSQL 14+): its locks would go with it.
+SELECT set_config('idle_session_timeout', '0', false)
+WHERE current_setting('server_version_num')::int >= 140000
+
+-- reset_session --
+-- What a claiming session changed for itself, undone before it goes back to the pool.
+RESET plan_cache_mode
+
 -- run_by_slot --
 -- The run that holds a slot, if any.
 SELECT id, status, mode FROM gc_runs WHERE slot = :slot
