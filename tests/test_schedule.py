@@ -257,6 +257,29 @@ class TestScheduler:
             background.shutdown(wait=True)
         assert runs(engine)[0]["slot"] == scheduler.slot_key(SLOT)
 
+    def test_cron_firings_through_the_scheduler_thread(self, engine, settings):
+        """With the real clock and a trigger firing every 2 s, APScheduler's own thread starts
+        one run per firing (after the start-up catch-up), each on its own slot."""
+        from apscheduler.triggers.cron import CronTrigger
+
+        seed(engine)
+        daemon = Daemon(engine, with_schedule(settings, misfire_grace_seconds=1))
+        daemon.trigger = CronTrigger(second="*/2", timezone="UTC")
+        background = build_scheduler(daemon)
+        background.start()
+        try:
+            assert wait_for(lambda: len(runs(engine)) >= 3, timeout=20)
+        finally:
+            background.shutdown(wait=True)
+            daemon.close()
+        done = runs(engine)
+        assert all(r["status"] == "completed" and r["trigger"] == "nightly" for r in done)
+        slots = [datetime.fromisoformat(r["slot"].split(":", 1)[1]) for r in done]
+        assert len(set(slots)) == len(slots) and all(s.second % 2 == 0 for s in slots)
+        left = execute(engine, "SELECT count(*) FROM memories WHERE content = 'expired'"
+                       " AND status = 'active'").scalar()  # fmt: skip
+        assert left == 0
+
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
