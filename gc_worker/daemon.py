@@ -7,7 +7,7 @@ nightly runs). The main thread waits on LISTEN/NOTIFY or ``poll_seconds`` and se
 
 Any number of daemons share one database: a slot's run is created once (unique
 ``gc_runs.slot``) and joined by the others; batches are claimed with session-level advisory
-locks (gc_worker.engine.claimed), each by one worker. A daemon participating in a run holds a
+locks (gc_worker.claims), each by one worker. A daemon participating in a run holds a
 shared advisory lock on it; a ``running`` nightly run that nobody holds is orphaned (its daemons
 died) and is resumed by the next upkeep.
 
@@ -31,12 +31,12 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
 
 from gc_worker import scheduler, sweeps
+from gc_worker.claims import participating
 from gc_worker.config import Settings
 from gc_worker.engine import (
     WORKER_ID,
     RunRequest,
     load_run,
-    participating,
     process_run,
     resolve_jobs,
     settings_of,

@@ -2,7 +2,7 @@
 
 A run is a row in ``gc_runs`` and its user batches in ``gc_run_batches``; a scan at its start
 (gc_worker.triage) decides which users each job reads and which rows. A worker claims a batch
-and its users with advisory locks on a session of its own (``claimed``), held until the batch
+and its users with advisory locks on a session of its own (gc_worker.claims), held until the batch
 commits, so any number of workers can share a run, each batch is done exactly once, and a batch
 whose worker dies is released to the next worker. A batch is planned and applied in one
 transaction; when a job may call the model (``asks_model``) the plan is made just before that
@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,8 +33,9 @@ import jobs
 from gc_worker import audit, triage
 from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
+from gc_worker.claims import claimed, participating
 from gc_worker.config import Settings
-from gc_worker.db import retrying, transaction, translated_errors
+from gc_worker.db import retrying, transaction
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.execute import execute
 from gc_worker.queries import q
@@ -143,25 +144,6 @@ def _resume_apply(conn: Connection, plan: dict[str, Any]) -> UUID:
     return apply_id
 
 
-@contextlib.contextmanager
-def participating(engine: Engine, run_id: UUID) -> Iterator[None]:
-    """Hold the run's shared advisory lock on a connection of our own while we work it: a run
-    nobody holds is stopped (killed or failed) and may be taken up again."""
-    conn = engine.connect()
-    try:
-        conn.execute(q("keep_idle_session"))
-        conn.execute(q("lock_run_shared"), {"run_id": run_id})
-        conn.commit()
-        yield
-    finally:
-        try:
-            conn.execute(q("unlock_run_shared"), {"run_id": run_id})
-            conn.commit()
-        except Exception:
-            conn.invalidate()  # closing the session releases the lock
-        conn.close()
-
-
 def _check_plan(plan: dict[str, Any]) -> None:
     if plan["mode"] != "dry_run":
         raise UsageError(f"run {plan['id']} is not a dry run; only a dry run's plan can be applied")
@@ -233,51 +215,6 @@ def _fail(engine: Engine, run_id: UUID, exc: Exception) -> None:
     with transaction(engine) as conn:
         conn.execute(q("fail_run"), {"run_id": run_id, "error": f"{type(exc).__name__}: {exc}"})
     log.error("gc.run_failed", run_id=str(run_id), error=str(exc))
-
-
-@dataclass
-class Claim:
-    """A batch this worker claimed: ``conn`` (autocommit, no transaction) holds the claim and
-    the batch's users' locks until ``claimed`` returns; ``batch`` is its row."""
-
-    conn: Connection
-    batch: Any
-
-
-@contextlib.contextmanager
-def claimed(engine: Engine, run_id: UUID) -> Iterator[Claim | None]:
-    """Claim the first pending batch of the run nobody else holds (None when there is none),
-    and lock its users, on a session of our own: the claim spans the batch's plan and the
-    transaction that applies it, needs no transaction open in between, and dies with the
-    session if the worker does."""
-    with translated_errors():
-        conn = engine.connect()
-        try:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-            conn.execute(q("keep_idle_session"))
-            claim = _claim(conn, run_id)
-            if claim is not None:
-                conn.execute(q("lock_batch_users"), {"users": list(claim.batch.users)})
-            yield claim
-        finally:
-            try:
-                conn.execute(q("reset_session"))
-                conn.execute(q("unlock_claim"))
-            except Exception:
-                conn.invalidate()  # closing the session releases the locks
-            conn.close()
-
-
-def _claim(conn: Connection, run_id: UUID) -> Claim | None:
-    for batch_no in conn.execute(q("pending_batches"), {"run_id": run_id}).scalars().all():
-        if conn.execute(q("try_claim_batch"), {"run_id": run_id, "batch_no": batch_no}).scalar():
-            batch = conn.execute(
-                q("claimed_batch"), {"run_id": run_id, "batch_no": batch_no}
-            ).first()
-            if batch is not None:
-                return Claim(conn, batch)
-            conn.execute(q("unlock_claim"))  # finished meanwhile by another worker
-    return None
 
 
 def _process_next_batch(engine: Engine, run: dict[str, Any], settings: Settings, llm: Any) -> bool:

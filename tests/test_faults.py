@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import structlog
 
 import jobs
-from gc_worker import audit
+from gc_worker import audit, claims
 from gc_worker import engine as gc_engine
 from gc_worker import execute as executor
 from gc_worker.config import Settings
@@ -235,7 +235,7 @@ class TestApplyTakenUpAgain:
         _, plan = self.plan(engine, twin)
         apply_id = gc_engine.start_apply(engine, plan)
         with (
-            gc_engine.participating(engine, apply_id),
+            claims.participating(engine, apply_id),
             pytest.raises(UsageError, match="right now"),
         ):
             gc_engine.start_apply(engine, plan)

@@ -19,7 +19,7 @@ INSERT INTO gc_runs (id, mode, trigger, now, users, jobs, settings, plan_run_id)
 VALUES (:id, :mode, :trigger, :now, :users, :jobs, CAST(:settings AS jsonb), :plan_run_id)
 
 -- lock_batch --
--- The batch row of a claimed batch (gc_worker.engine.claimed), locked for the transaction that
+-- The batch row of a claimed batch (gc_worker.claims), locked for the transaction that
 -- applies it; nothing if it is no longer pending. Held by another transaction only if a claim
 -- was lost (its session killed): then fail at once (55P03, retried as a write conflict) rather
 -- than skip, which would claim and plan the same batch again in a loop.

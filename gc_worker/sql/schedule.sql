@@ -4,7 +4,7 @@
 UPDATE gc_runs SET slot = :slot WHERE id = :run_id
 
 -- lock_batch_users --
--- Per-user advisory locks for a claimed batch, on the claiming session (gc_worker.engine.claimed)
+-- Per-user advisory locks for a claimed batch, on the claiming session (gc_worker.claims)
 -- from before its plan to after its commit, taken in one sorted pass (no deadlock between
 -- batches): a user is never in two batches at once (sweep vs nightly run). Released by
 -- unlock_claim, or when the session ends.

@@ -1,0 +1,84 @@
+"""Who works what: a process's participation in a run, and a worker's claim on one batch.
+
+Both are advisory locks held by a session of the worker's own, outside any transaction, so they
+last exactly as long as that session: a process that dies releases them with its connection,
+and nobody waits for a lease to run out. A run nobody participates in was stopped (killed or
+failed) and may be taken up again; a batch nobody claims and that is still pending is free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from sqlalchemy.engine import Connection, Engine
+
+from gc_worker.db import translated_errors
+from gc_worker.queries import q
+
+
+@contextlib.contextmanager
+def participating(engine: Engine, run_id: UUID) -> Iterator[None]:
+    """Hold the run's shared advisory lock on a connection of our own while we work it: a run
+    nobody holds is stopped (killed or failed) and may be taken up again."""
+    conn = engine.connect()
+    try:
+        conn.execute(q("keep_idle_session"))
+        conn.execute(q("lock_run_shared"), {"run_id": run_id})
+        conn.commit()
+        yield
+    finally:
+        try:
+            conn.execute(q("unlock_run_shared"), {"run_id": run_id})
+            conn.commit()
+        except Exception:
+            conn.invalidate()  # closing the session releases the lock
+        conn.close()
+
+
+@dataclass
+class Claim:
+    """A batch this worker claimed: ``conn`` (autocommit, no transaction) holds the claim and
+    the batch's users' locks until ``claimed`` returns; ``batch`` is its row."""
+
+    conn: Connection
+    batch: Any
+
+
+@contextlib.contextmanager
+def claimed(engine: Engine, run_id: UUID) -> Iterator[Claim | None]:
+    """Claim the first pending batch of the run nobody else holds (None when there is none),
+    and lock its users, on a session of our own: the claim spans the batch's plan and the
+    transaction that applies it, needs no transaction open in between, and dies with the
+    session if the worker does."""
+    with translated_errors():
+        conn = engine.connect()
+        try:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.execute(q("keep_idle_session"))
+            claim = _claim(conn, run_id)
+            if claim is not None:
+                conn.execute(q("lock_batch_users"), {"users": list(claim.batch.users)})
+            yield claim
+        finally:
+            try:
+                conn.execute(q("reset_session"))
+                conn.execute(q("unlock_claim"))
+            except Exception:
+                conn.invalidate()  # closing the session releases the locks
+            conn.close()
+
+
+def _claim(conn: Connection, run_id: UUID) -> Claim | None:
+    for batch_no in conn.execute(q("pending_batches"), {"run_id": run_id}).scalars().all():
+        if conn.execute(q("try_claim_batch"), {"run_id": run_id, "batch_no": batch_no}).scalar():
+            batch = conn.execute(
+                q("claimed_batch"), {"run_id": run_id, "batch_no": batch_no}
+            ).first()
+            if batch is not None:
+                return Claim(conn, batch)
+            conn.execute(q("unlock_claim"))  # finished meanwhile by another worker
+    return None
