@@ -14,12 +14,14 @@ from typing import Any
 from uuid import UUID
 
 import httpx2
+import psycopg
 import pytest
 import sqlalchemy as sa
 
 from gc_worker import db
 from gc_worker import engine as gc_engine
 from gc_worker.config import Settings, UserCapSettings
+from gc_worker.daemon import listen_dsn
 from gc_worker.queries import q
 from tests.conftest import TEST_DIM
 from tests.fake_model import FakeModel, fake_port
@@ -188,6 +190,8 @@ def test_the_worker_sessions_are_named(engine, database_url: str) -> None:
     sessions can spare them); a URL that names the application wins."""
     with engine.connect() as conn:
         assert conn.execute(sa.text("SHOW application_name")).scalar() == "memory-gc"
+    with psycopg.connect(listen_dsn(engine)) as listening:  # the daemon's LISTEN connection
+        assert listening.execute("SHOW application_name").fetchone() == ("memory-gc",)
     named = db.make_engine(database_url + "&application_name=gc-eu-1")  # the URL has ?host=
     try:
         with named.connect() as conn:
