@@ -84,7 +84,7 @@ class Daemon:
         os.set_blocking(self._wake_w, False)
         self.failures = 0
         self.last_loop = time.monotonic()
-        self.last_progress = self.last_loop  # a batch committed or a model request completed
+        self.last_progress = self.last_loop  # the sweep's last batch commit or model request
         self.sweeping = False  # the sweep loop is inside a unit of work
 
     # -- stopping and health -------------------------------------------------------------
@@ -216,8 +216,9 @@ class Daemon:
         finally:
             self.sweeping = False
 
-    def work(self, run_id: UUID) -> bool:
-        """Take part in a run until it has no pending batch (or we stop); True if completed."""
+    def work(self, run_id: UUID, *, on_progress: Callable[[], None] | None = None) -> bool:
+        """Take part in a run until it has no pending batch (or we stop); True if completed.
+        ``on_progress`` is called after every committed batch and every model request."""
         with participating(self.engine, run_id):
             with self.engine.connect() as conn:
                 run = load_run(conn, run_id)
@@ -225,12 +226,12 @@ class Daemon:
                 return run["status"] == "completed"
             llm = self._llm_factory()
             if llm is not None:  # a model request, answered or not, is progress too
-                llm.on_request_done = self._made_progress
+                llm.on_request_done = on_progress
             try:
                 done = process_run(
                     self.engine, run_id, settings_of(run), llm=llm, should_stop=self.stopping,
                     participate=False,
-                    on_batch=lambda _: self._batch_committed(run_id, run["trigger"]),
+                    on_batch=lambda _: self._batch_committed(run_id, run["trigger"], on_progress),
                 )  # fmt: skip
             except Exception:
                 self.metrics.run_finished(self.engine, run_id)
@@ -243,11 +244,16 @@ class Daemon:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _batch_committed(self, run_id: UUID, trigger: str) -> None:
-        self._made_progress()
+    def _batch_committed(
+        self, run_id: UUID, trigger: str, on_progress: Callable[[], None] | None
+    ) -> None:
+        if on_progress is not None:
+            on_progress()
         self.metrics.batches_committed(self.engine, run_id, trigger)
 
-    def _made_progress(self) -> None:
+    def _sweep_progressed(self) -> None:
+        """The sweep loop's unit of work moved on (what /healthz follows while it is inside
+        one; the nightly and upkeep threads' runs do not count: they cannot vouch for it)."""
         self.last_progress = time.monotonic()
 
     def _serve_sweep(self, claim: sweeps.SweepClaim) -> None:
@@ -256,7 +262,7 @@ class Daemon:
             return
         try:
             run_id = self._sweep_run(claim)
-            done = self.work(run_id)
+            done = self.work(run_id, on_progress=self._sweep_progressed)
         except NotFoundError as exc:
             self._sweep_failed(claim.id, str(exc))
             return
