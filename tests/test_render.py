@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gc_worker import render
+from gc_worker.render_html import render_html
 
 RUN_ID = "run-2024-06-01-dry"
 MERGED_ID = "7e1f3c2a-1111-4222-8333-444455556666"
@@ -146,7 +147,7 @@ class TestRender:
         own = {
             "json": render.render_json,
             "md": render.render_markdown,
-            "html": render.render_html,
+            "html": render_html,
         }[fmt]
         assert render.render(report, fmt) == own(report)
 
@@ -261,32 +262,32 @@ class TestRenderMarkdown:
 class TestRenderHtml:
     def test_is_one_self_contained_page(self, report: dict[str, Any]) -> None:
         """The page has inline CSS and no scripts, links or external assets."""
-        page = render.render_html(report)
+        page = render_html(report)
         assert page.startswith("<!DOCTYPE html>") and "<style>" in page
         assert not re.search(r"<script|<link|src=|@import|url\(|https?://", page)
 
     def test_escapes_hostile_strings(self, report: dict[str, Any]) -> None:
         """Script tags in content, user ids and reasons come out escaped."""
         report["actions"][1].update(user_id='<img onerror="x">', reason="<b>why</b>")
-        page = render.render_html(report)
+        page = render_html(report)
         assert "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in page
         assert "&lt;img onerror=&quot;x&quot;&gt;" in page and "&lt;b&gt;why&lt;/b&gt;" in page
         assert "<script" not in page and "<img" not in page and "<b>" not in page
 
     def test_dry_run_banner_and_apply_command(self, report: dict[str, Any]) -> None:
         """A dry run says nothing changed, and shows the apply command, before the totals."""
-        page = render.render_html(report)
+        page = render_html(report)
         assert page.index("nothing was changed") < page.index("<h2>Totals</h2>")
         assert f"<code>memory-gc apply {RUN_ID}</code>" in page
 
     def test_applied_run_has_no_apply_command(self, report: dict[str, Any]) -> None:
         """An applied run shows no apply command."""
-        page = render.render_html(_applied(report))
+        page = render_html(_applied(report))
         assert "memory-gc apply" not in page and "memory-gc restore --run run-apply" in page
 
     def test_cards_jobs_and_bars(self, report: dict[str, Any]) -> None:
         """Totals become cards; each job row has its numbers and a proportional bar."""
-        page = render.render_html(report)
+        page = render_html(report)
         assert '<span class="n">7</span><span class="l">actions in all</span>' in page
         assert '<span class="n">3</span><span class="l">soft_delete</span>' in page
         assert (
@@ -296,20 +297,20 @@ class TestRenderHtml:
 
     def test_samples_in_details_per_job(self, report: dict[str, Any]) -> None:
         """Each job's samples sit in a details block, with merge targets shown."""
-        page = render.render_html(report)
+        page = render_html(report)
         assert page.count("<details>") == 2
         assert "<summary>compaction <small>3 actions</small></summary>" in page
         assert "into=7e1f3c2a" in page
 
     def test_empty_run_says_nothing_to_do(self, empty_report: dict[str, Any]) -> None:
         """A run with zero actions renders with a Nothing to do message and no samples."""
-        page = render.render_html(empty_report)
+        page = render_html(empty_report)
         assert "Nothing to do" in page and "<details>" not in page
         assert 'style="width:0.0%"' in page
 
     def test_says_the_same_as_markdown(self, report: dict[str, Any]) -> None:
         """Markdown and HTML carry the same section titles."""
         md = render.render_markdown(report)
-        page = render.render_html(report)
+        page = render_html(report)
         for title in re.findall(r"^## (.+)$", md, flags=re.M):
             assert f"<h2>{title}</h2>" in page
