@@ -9,7 +9,7 @@ by a merge count in ``created``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 
 from gc_worker.actions import Action, Kind
 from gc_worker.config import Settings
+from gc_worker.errors import PlanAbandoned
 from gc_worker.queries import q
 
 
@@ -50,6 +51,7 @@ class BatchContext:
     # False while the batch is planned before its transaction (the model is asked with no
     # transaction open, gc_worker.engine): every read is its own, no cursor stays open
     in_transaction: bool = True
+    should_stop: Callable[[], bool] | None = None  # asked between users while planning early
     taken: set[UUID] = field(default_factory=set)
     importance: dict[UUID, int] = field(default_factory=dict)
     created: Counter[str] = field(default_factory=Counter)
@@ -60,6 +62,12 @@ class BatchContext:
     # job → the candidate rows the scan picked for the batch (read by id; see picked_ids)
     picked: dict[str, set[str]] = field(default_factory=dict)  # ids as text, as stored
     stats: dict[str, JobStats] = field(default_factory=dict)
+
+    def stop_if_asked(self) -> None:
+        """While the batch is planned before its transaction (nothing written yet, the model
+        perhaps minutes from done), give it up at once when a stop was asked for."""
+        if not self.in_transaction and self.should_stop is not None and self.should_stop():
+            raise PlanAbandoned
 
     def job_stats(self, job: str) -> JobStats:
         return self.stats.setdefault(job, JobStats())

@@ -11,8 +11,9 @@ locks (gc_worker.claims), each by one worker. A daemon participating in a run ho
 shared advisory lock on it; a ``running`` nightly run that nobody holds is orphaned (its daemons
 died) and is resumed by the next upkeep.
 
-Stopping (SIGTERM, SIGINT): the current batch of each thread commits, then work returns, a
-claimed sweep goes back to the queue, and ``serve`` returns.
+Stopping (SIGTERM, SIGINT): the current batch of each thread commits (or, still being planned
+before its transaction, is given up at its next model question), then work returns, a claimed
+sweep goes back to the queue, and ``serve`` returns.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from gc_worker.batch import BatchContext
 from gc_worker.claims import claimed, participating
 from gc_worker.config import Settings
 from gc_worker.db import retrying, transaction
-from gc_worker.errors import NotFoundError, UsageError
+from gc_worker.errors import NotFoundError, PlanAbandoned, UsageError
 from gc_worker.execute import execute
 from gc_worker.queries import q
 
@@ -172,7 +172,9 @@ def process_run(
 ) -> bool:
     """Work through the run's pending batches; True when this call completed the run.
 
-    ``should_stop`` is asked between batches (SIGTERM: finish the current batch, then return).
+    ``should_stop`` is asked between batches (SIGTERM: finish the current batch, then return),
+    and between users while a batch is planned before its transaction (the batch is given up:
+    nothing of it is written yet, and waiting for the model could take minutes).
     ``participate=False``: the caller already holds the run's participation lock (the daemon).
     """
     with participating(engine, run_id) if participate else contextlib.nullcontext():
@@ -194,7 +196,7 @@ def _work_run(
         llm.begin_run()
     try:
         while not (should_stop and should_stop()) and retrying(
-            BATCH_ATTEMPTS, lambda: _process_next_batch(engine, run, settings, llm)
+            BATCH_ATTEMPTS, lambda: _process_next_batch(engine, run, settings, llm, should_stop)
         ):
             if on_batch:
                 on_batch(1)
@@ -217,7 +219,10 @@ def _fail(engine: Engine, run_id: UUID, exc: Exception) -> None:
     log.error("gc.run_failed", run_id=str(run_id), error=str(exc))
 
 
-def _process_next_batch(engine: Engine, run: dict[str, Any], settings: Settings, llm: Any) -> bool:
+def _process_next_batch(
+    engine: Engine, run: dict[str, Any], settings: Settings, llm: Any,
+    should_stop: Callable[[], bool] | None = None,
+) -> bool:  # fmt: skip
     with claimed(engine, run["id"]) as claim:
         if claim is None:
             return False
@@ -233,7 +238,12 @@ def _process_next_batch(engine: Engine, run: dict[str, Any], settings: Settings,
             # then apply in a short transaction that checks every row's version as planned
             claim.conn.execute(q("custom_plans_session"))
             ctx = _context(claim.conn, claim.batch, run, settings, llm, in_transaction=False)
-            early = ctx, _plan(ctx, run, batch_no)
+            ctx.should_stop = should_stop
+            try:
+                early = ctx, _plan(ctx, run, batch_no)
+            except PlanAbandoned:
+                log.info("gc.batch_abandoned", batch_no=batch_no, reason="stop requested")
+                return False
         summary = _commit_batch(engine, run, batch_no, settings, llm, llm_before, early)
     if summary is not None:
         log.info("gc.batch_committed", batch_no=batch_no, users=len(claim.batch.users), **summary)

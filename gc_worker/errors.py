@@ -44,5 +44,10 @@ class WriteConflict(DatabaseUnavailable):
     it was rolled back whole, so running the command again is safe."""
 
 
+class PlanAbandoned(MemoryGCError):
+    """A stop was asked for while a batch was planned before its transaction; nothing of the
+    batch was written and it stays pending (the model's answers so far are cached)."""
+
+
 class RunFailed(MemoryGCError):
     """The run failed; no batch was half-applied (each batch commits or rolls back whole)."""

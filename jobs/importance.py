@@ -90,6 +90,7 @@ def defer_batch(batch: ScoringBatch, reason: str, **details: Any) -> Action:
 
 def ask(ctx: BatchContext, batch: ScoringBatch) -> dict[str, int] | Action:
     """The batch's validated scores, or the ``deferred`` action saying why there are none."""
+    ctx.stop_if_asked()
     try:
         return ctx.llm.score_importance(batch.user_id, batch.members)
     except LLMInvalidAnswer as exc:

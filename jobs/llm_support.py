@@ -47,6 +47,7 @@ class ModelGate:
     """One job's questions to the LLM within one batch."""
 
     def __init__(self, ctx: BatchContext, job: str) -> None:
+        self.ctx = ctx
         self.llm = ctx.llm
         self.job = job
         self.stats = ctx.job_stats(job)
@@ -60,6 +61,7 @@ class ModelGate:
         """``question(llm)``'s answer, a Deferral, or None for a rejected answer."""
         if self.llm is None or self.down:
             return Deferral(LLM_UNAVAILABLE)
+        self.ctx.stop_if_asked()
         try:
             return question(self.llm)
         except LLMBudgetExhausted:
@@ -111,6 +113,7 @@ def candidate_rows(ctx: BatchContext, query: str, **binds: Any) -> Iterator[Any]
     params = ctx.params(**binds)
     if not ctx.in_transaction:
         for user in ctx.users:
+            ctx.stop_if_asked()
             yield from ctx.conn.execute(q(query), params | {"users": [user]}).all()
         return
     result = ctx.conn.execute(q(query).execution_options(yield_per=STREAM_ROWS), params)

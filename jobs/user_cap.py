@@ -254,6 +254,7 @@ def plan_overflow(ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any
     if ctx.llm is None:
         return declined(ctx, overflow, UNAVAILABLE)
     members = [(row.id, full[row.id].content) for row in overflow.fold]
+    ctx.stop_if_asked()
     try:
         text = ctx.llm.summarize(overflow.user_id, members)
     except LLMError as exc:

@@ -8,6 +8,7 @@ the application changes meanwhile is drifted, never overwritten."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -198,3 +199,26 @@ def test_the_worker_sessions_are_named(engine, database_url: str) -> None:
             assert conn.execute(sa.text("SHOW application_name")).scalar() == "gc-eu-1"
     finally:
         named.dispose()
+
+
+def test_a_stop_while_the_model_is_asked_gives_the_batch_up(engine) -> None:
+    """SIGTERM during an early plan does not wait for the rest of the batch's model calls: at
+    the next user the batch is given up, nothing of it written, still pending; the next worker
+    does it whole, and the answer already paid for comes from the cache."""
+    seed(engine)
+    stop = threading.Event()
+    first = Watching(lambda _: stop.set())  # the stop arrives during the first request
+    request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("importance", "compaction"))
+    run_id = gc_engine.start_run(engine, SETTINGS, request)
+    with fake_port(engine, SETTINGS, first) as llm:
+        assert gc_engine.process_run(engine, run_id, SETTINGS, llm=llm, should_stop=stop.is_set) \
+            is False  # fmt: skip
+    assert sum(first.calls.values()) == 1
+    state = execute(engine, "SELECT state FROM gc_run_batches WHERE run_id = :r", r=run_id)
+    assert state.scalars().all() == ["pending"]
+    assert execute(engine, "SELECT count(*) FROM gc_actions").scalar() == 0
+    second = FakeModel("good", dim=TEST_DIM)
+    with fake_port(engine, SETTINGS, second) as llm:
+        assert gc_engine.process_run(engine, run_id, SETTINGS, llm=llm) is True
+    assert second.calls["ImportanceAnswer"] == 1  # u2's; u1's was answered before the stop
+    assert execute(engine, "SELECT count(*) FROM gc_actions WHERE outcome = 'applied'").scalar()
