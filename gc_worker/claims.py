@@ -24,11 +24,13 @@ from gc_worker.queries import q
 def participating(engine: Engine, run_id: UUID) -> Iterator[None]:
     """Hold the run's shared advisory lock on a connection of our own while we work it: a run
     nobody holds is stopped (killed or failed) and may be taken up again."""
-    conn = engine.connect()
+    with translated_errors():
+        conn = engine.connect()
     try:
-        conn.execute(q("keep_idle_session"))
-        conn.execute(q("lock_run_shared"), {"run_id": run_id})
-        conn.commit()
+        with translated_errors():
+            conn.execute(q("keep_idle_session"))
+            conn.execute(q("lock_run_shared"), {"run_id": run_id})
+            conn.commit()
         yield
     finally:
         try:

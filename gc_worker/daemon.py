@@ -349,6 +349,6 @@ def listen_dsn(engine: Engine) -> str:
     """A libpq connection string for the LISTEN connection (same server as the engine, named
     like the engine's sessions unless the URL names one)."""
     url = engine.url.set(drivername="postgresql")
-    if "application_name" not in url.query:
+    if "application_name" not in url.query and not os.environ.get("PGAPPNAME"):
         url = url.update_query_dict({"application_name": APPLICATION_NAME})
     return url.render_as_string(hide_password=False)

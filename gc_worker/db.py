@@ -8,6 +8,7 @@ uses its ``memory_gc`` database. Driver errors become :class:`DatabaseUnavailabl
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -102,7 +103,7 @@ def _register_loaders(dbapi_connection: Any, _record: Any) -> None:
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine whose first connection fails fast with a message an operator can act on; its
     sessions show as application ``memory-gc`` in pg_stat_activity unless the URL names one."""
-    if url.startswith("postgresql") and "application_name" not in url:
+    if url.startswith("postgresql") and "application_name" not in url and not _app_name_env():
         named = {"application_name": APPLICATION_NAME}
         kwargs["connect_args"] = named | kwargs.get("connect_args", {})
     engine = sa.create_engine(url, pool_pre_ping=True, **kwargs)
@@ -120,6 +121,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     except sa.exc.ArgumentError as exc:
         raise DatabaseUnavailable(f"MEMORY_GC_DATABASE_URL is not a valid URL: {exc}") from None
     return engine
+
+
+def _app_name_env() -> bool:
+    """libpq's PGAPPNAME names the sessions already (an operator's choice wins)."""
+    return bool(os.environ.get("PGAPPNAME"))
 
 
 def engine_for(runtime: Runtime) -> Engine:

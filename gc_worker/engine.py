@@ -257,9 +257,10 @@ def _commit_batch(
     """The claimed batch's transaction: plan (unless ``early`` holds the plan made before it),
     apply or store, mark done; None if the batch was finished meanwhile."""
     with transaction(engine) as conn:
+        conn.execute(q("batch_lock_timeout"))
         batch = conn.execute(q("lock_batch"), {"run_id": run["id"], "batch_no": batch_no}).first()
         if batch is None:
-            return None  # finished by another worker (one that did not go through a claim)
+            return None  # finished meanwhile by a worker whose claim was lost
         # psycopg prepares a statement executed 5 times, and PostgreSQL then switches to a
         # generic plan, in which `= ANY($1)` cannot hash its array: `NOT (id = ANY(:taken))`
         # over thousands of ids became a linear search per row from the 10th batch on.

@@ -92,6 +92,9 @@ def test_no_transaction_is_open_while_the_model_answers(engine, monitor) -> None
     assert report["status"] == "completed"
     assert {"ImportanceAnswer", "MergeAnswer", "SummaryAnswer", "embed"} <= set(model.calls)
     assert seen and seen == [(0, False, False)] * len(seen)
+    with engine.connect() as a, engine.connect() as b, engine.connect() as c:  # the pool
+        modes = {x.execute(sa.text("SHOW plan_cache_mode")).scalar() for x in (a, b, c)}
+    assert modes == {"auto"}  # the claiming session's setting did not go back to the pool
 
 
 def test_a_slow_model_under_idle_in_transaction_session_timeout(database_url: str) -> None:
@@ -153,6 +156,36 @@ def test_a_batch_another_worker_claimed_is_left_to_it(engine) -> None:
         assert states == ["pending", "done"]
         other.execute(q("unlock_claim"))  # the other worker is gone
     assert gc_engine.process_run(engine, run_id, settings) is True
+
+
+def test_a_worker_whose_claim_was_lost_is_waited_for(engine) -> None:
+    """A batch row held by another transaction (a worker whose claiming session was ended while
+    it applied the batch): this worker waits for it, finds the batch done and goes on; the run
+    completes, nothing is applied twice, nothing fails."""
+    for user in ("a", "b"):
+        add(engine, user, expires_at=days_ago(1))
+    settings = Settings.model_validate({"run": {"batch_users": 1}})
+    request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("ttl_expiry",))
+    run_id = gc_engine.start_run(engine, settings, request)
+    key = {"r": run_id}
+    with engine.connect() as other:  # the other worker's batch transaction
+        other.execute(sa.text("SELECT 1 FROM gc_run_batches WHERE run_id = :r AND batch_no = 0"
+                              " FOR UPDATE"), key)  # fmt: skip
+        result: list[bool] = []
+        thread = threading.Thread(
+            target=lambda: result.append(gc_engine.process_run(engine, run_id, settings))
+        )
+        thread.start()
+        time.sleep(1.0)
+        assert thread.is_alive()  # waiting for batch 0's row, not failing
+        other.execute(sa.text("UPDATE gc_run_batches SET state = 'done'"
+                              " WHERE run_id = :r AND batch_no = 0"), key)  # fmt: skip
+        other.commit()
+    thread.join(30)
+    assert result == [True]
+    applied = execute(engine, "SELECT batch_no, user_id FROM gc_actions WHERE run_id = :r",
+                      r=run_id).all()  # fmt: skip
+    assert [tuple(x) for x in applied] == [(1, "b")]  # batch 0 was the other worker's
 
 
 def test_user_cap_evict_mode_does_not_ask(engine) -> None:
