@@ -191,6 +191,7 @@ def _work_run(
 ) -> bool:
     with engine.connect() as conn:
         run = load_run(conn, run_id)
+    caller_context = structlog.contextvars.get_contextvars()  # e.g. a sweep's own user_id
     structlog.contextvars.bind_contextvars(run_id=str(run_id), dry_run=run["mode"] == "dry_run")
     if llm is not None:
         llm.begin_run()
@@ -204,8 +205,10 @@ def _work_run(
         _fail(engine, run_id, exc)
         raise
     finally:
-        # batch_no / user_id / job are bound per batch; a failed batch must not leak them either
-        structlog.contextvars.unbind_contextvars("run_id", "dry_run", "batch_no", "user_id", "job")
+        # batch_no / user_id / job are bound per batch; a failed batch must not leak them either,
+        # and what the caller had bound (a sweep's user_id) is its again
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(**caller_context)
     with transaction(engine) as conn:
         done = conn.execute(q("complete_run"), {"run_id": run_id}).first() is not None
     if done:

@@ -151,6 +151,17 @@ class TestAbortBetweenBatches:
             run(engine, BATCHED)
         assert structlog.contextvars.get_contextvars() == {}
 
+    def test_the_callers_log_context_is_kept(self, engine):
+        """A caller's own bindings (a sweep binds its user_id) survive the run's batches, which
+        bind and unbind the same keys."""
+        seed(engine, lifecycle_rows("u1"))
+        structlog.contextvars.bind_contextvars(user_id="u1", sweep_id=7)
+        try:
+            run(engine, BATCHED)
+            assert structlog.contextvars.get_contextvars() == {"user_id": "u1", "sweep_id": 7}
+        finally:
+            structlog.contextvars.clear_contextvars()
+
 
 INSIDE_BATCH = {
     # after every memory update of the batch, before its audit rows
