@@ -5,14 +5,13 @@ users' rows once per job, and a user's rows are spread over the whole table. A r
 little to do (the second run of a night, a store that is kept clean) would pay that for every
 user. So a run first asks one grouped, parallel, sequential scan which users each job will find
 work for; the jobs that can answer (a module attribute ``WORK`` naming an aggregate in
-``sql/triage.sql``, and/or ``PICK``, below; ``work_params(settings, now)`` for the binds) are
-then planned, and
-their scores refreshed, only for those users — plus, when planning, any user whose importance
-an earlier job of the batch re-assessed (planning writes no row, so that is the only way a row
-can become a candidate after the scan: retired rows and created records only remove work), and
-when refreshing after apply, any user an applied action touched (an erasure re-activating
-rows, a new importance). When every job of the run can answer,
-users with no work at all get no batch.
+``sql/triage.sql``, and/or ``PICK``, below; ``work_params(settings, now)`` for the binds, which
+the SQL names ``:<job>__<bind>``) are then planned, and their scores refreshed, only for those
+users — plus, when planning, any user whose importance an earlier job of the batch re-assessed
+(planning writes no row, so that is the only way a row can become a candidate after the scan:
+retired rows and created records only remove work), and when refreshing after apply, any user an
+applied action touched (an erasure re-activating rows, a new importance). When every job of the
+run can answer, users with no work at all get no batch.
 
 The jobs whose candidates are a plain row predicate (``PICK``: decay, usage_prune) go one step
 further: the same scan collects their candidate ids per user, and a batch reads those rows by
@@ -79,7 +78,8 @@ def scan(
     ]
     params: dict[str, Any] = {"users": list(users), "now": now}
     for name in names:
-        params |= jobs.REGISTRY[name].work_params(settings, now)
+        binds = jobs.REGISTRY[name].work_params(settings, now)
+        params |= {f"{name}__{key}": value for key, value in binds.items()}
     statement = (
         f"SELECT user_id, {', '.join(columns)} FROM memories WHERE user_id = ANY(:users)"
         " GROUP BY user_id"

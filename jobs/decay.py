@@ -82,7 +82,7 @@ PICK = "pick_decay"  # … and the candidate rows to forget
 
 
 def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
-    return {f"{NAME}__{k}": v for k, v in rule_params(settings.decay, now).items()}
+    return rule_params(settings.decay, now)
 
 
 def refresh_params(ctx: BatchContext) -> dict[str, Any]:

@@ -82,7 +82,7 @@ WORK = "work_hard_delete"  # gc_worker.triage: which users have work (sql/triage
 
 
 def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
-    return {f"{NAME}__{k}": v for k, v in rule_params(settings, now).items()}
+    return rule_params(settings, now)
 
 
 def plan(ctx: BatchContext) -> list[Action]:

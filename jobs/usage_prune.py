@@ -60,7 +60,7 @@ PICK = "pick_usage_prune"  # gc_worker.triage: its candidate rows (sql/triage.sq
 
 
 def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
-    return {f"{NAME}__{k}": v for k, v in rule_params(settings.usage_prune, now).items()}
+    return rule_params(settings.usage_prune, now)
 
 
 def plan(ctx: BatchContext) -> list[Action]:

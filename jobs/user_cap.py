@@ -271,7 +271,7 @@ WORK = "work_user_cap"  # gc_worker.triage: which users have work (sql/triage.sq
 
 
 def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
-    return {f"{NAME}__max_memories": settings.user_cap.max_memories}
+    return {"max_memories": settings.user_cap.max_memories}
 
 
 def over_cap_counts(ctx: BatchContext) -> dict[str, int]:
