@@ -33,12 +33,7 @@ def participating(engine: Engine, run_id: UUID) -> Iterator[None]:
             conn.commit()
         yield
     finally:
-        try:
-            conn.execute(q("unlock_run_shared"), {"run_id": run_id})
-            conn.commit()
-        except Exception:
-            conn.invalidate()  # closing the session releases the lock
-        conn.close()
+        _release(conn, ("unlock_run_shared", {"run_id": run_id}))
 
 
 @dataclass
@@ -66,12 +61,19 @@ def claimed(engine: Engine, run_id: UUID) -> Iterator[Claim | None]:
                 conn.execute(q("lock_batch_users"), {"users": list(claim.batch.users)})
             yield claim
         finally:
-            try:
-                conn.execute(q("reset_session"))
-                conn.execute(q("unlock_claim"))
-            except Exception:
-                conn.invalidate()  # closing the session releases the locks
-            conn.close()
+            _release(conn, ("reset_session", {}), ("unlock_claim", {}))
+
+
+def _release(conn: Connection, *statements: tuple[str, dict[str, Any]]) -> None:
+    """Undo what the session took, and give it back to the pool; if that fails, end the
+    session instead (the server then releases its locks)."""
+    try:
+        for name, params in statements:
+            conn.execute(q(name), params)
+        conn.commit()  # a no-op on an autocommit session
+    except Exception:
+        conn.invalidate()
+    conn.close()
 
 
 def _claim(conn: Connection, run_id: UUID) -> Claim | None:

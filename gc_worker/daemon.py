@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 from gc_worker import scheduler, sweeps
 from gc_worker.claims import participating
 from gc_worker.config import Settings
-from gc_worker.db import APPLICATION_NAME
+from gc_worker.db import APPLICATION_NAME, names_itself
 from gc_worker.engine import (
     WORKER_ID,
     RunRequest,
@@ -349,6 +349,6 @@ def listen_dsn(engine: Engine) -> str:
     """A libpq connection string for the LISTEN connection (same server as the engine, named
     like the engine's sessions unless the URL names one)."""
     url = engine.url.set(drivername="postgresql")
-    if "application_name" not in url.query and not os.environ.get("PGAPPNAME"):
+    if not names_itself("application_name" in url.query):
         url = url.update_query_dict({"application_name": APPLICATION_NAME})
     return url.render_as_string(hide_password=False)

@@ -103,7 +103,7 @@ def _register_loaders(dbapi_connection: Any, _record: Any) -> None:
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine whose first connection fails fast with a message an operator can act on; its
     sessions show as application ``memory-gc`` in pg_stat_activity unless the URL names one."""
-    if url.startswith("postgresql") and "application_name" not in url and not _app_name_env():
+    if url.startswith("postgresql") and not names_itself("application_name" in url):
         named = {"application_name": APPLICATION_NAME}
         kwargs["connect_args"] = named | kwargs.get("connect_args", {})
     engine = sa.create_engine(url, pool_pre_ping=True, **kwargs)
@@ -123,9 +123,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     return engine
 
 
-def _app_name_env() -> bool:
-    """libpq's PGAPPNAME names the sessions already (an operator's choice wins)."""
-    return bool(os.environ.get("PGAPPNAME"))
+def names_itself(url_names_it: bool) -> bool:
+    """Whether the operator named the sessions (in the URL, or libpq's PGAPPNAME): their name
+    wins over ``memory-gc``."""
+    return url_names_it or bool(os.environ.get("PGAPPNAME"))
 
 
 def engine_for(runtime: Runtime) -> Engine:
