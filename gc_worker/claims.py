@@ -9,15 +9,20 @@ failed) and may be taken up again; a batch nobody claims and that is still pendi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import sqlalchemy as sa
+import structlog
 from sqlalchemy.engine import Connection, Engine
 
-from gc_worker.db import translated_errors
+from gc_worker.db import LOCK_NOT_AVAILABLE, translated_errors
 from gc_worker.queries import q
+
+log = structlog.get_logger(__name__)
 
 
 @contextlib.contextmanager
@@ -44,24 +49,57 @@ class Claim:
     conn: Connection
     batch: Any
 
+    def note_unapplied_llm(self, run_id: UUID, spent: dict[str, int]) -> None:
+        """Keep the model usage of an attempt at this batch that wrote nothing (given up,
+        failed, finished meanwhile by another worker) for the run's report: it was paid for."""
+        if not any(spent.values()):
+            return
+        params = {"run_id": run_id, "batch_no": self.batch.batch_no, "usage": json.dumps(spent)}
+        try:
+            self.conn.execute(q("note_unapplied_llm"), params)
+        except Exception as exc:  # the session may be what failed: the report then misses them
+            log.warning("gc.llm_usage_unrecorded", error=str(exc), **spent)
+
 
 @contextlib.contextmanager
-def claimed(engine: Engine, run_id: UUID) -> Iterator[Claim | None]:
-    """Claim the first pending batch of the run nobody else holds (None when there is none),
-    and lock its users, on a session of our own: the claim spans the batch's plan and the
-    transaction that applies it, needs no transaction open in between, and dies with the
-    session if the worker does."""
+def claimed(
+    engine: Engine, run_id: UUID, should_stop: Callable[[], bool] | None = None
+) -> Iterator[Claim | None]:
+    """Claim the first pending batch of the run nobody else holds (None when there is none, or
+    when ``should_stop`` says so while its users are held by another batch), and lock its users,
+    on a session of our own: the claim spans the batch's plan and the transaction that applies
+    it, needs no transaction open in between, and dies with the session if the worker does."""
     with translated_errors():
         conn = engine.connect()
         try:
             conn.execution_options(isolation_level="AUTOCOMMIT")
             conn.execute(q("keep_idle_session"))
             claim = _claim(conn, run_id)
-            if claim is not None:
-                conn.execute(q("lock_batch_users"), {"users": list(claim.batch.users)})
+            if claim is not None and not _lock_users(conn, list(claim.batch.users), should_stop):
+                claim = None  # asked to stop while waiting: the batch stays pending
             yield claim
         finally:
             _release(conn, ("reset_session", {}), ("unlock_claim", {}))
+
+
+def _lock_users(conn: Connection, users: list[str], should_stop: Callable[[], bool] | None) -> bool:
+    """Lock the batch's users (lock_batch_users), waiting as long as it takes unless asked to
+    stop; False if asked. A slice that times out keeps the locks it got (session locks), and
+    unlock_claim releases every count of them."""
+    conn.execute(q("user_lock_slice"))
+    try:
+        while True:
+            try:
+                conn.execute(q("lock_batch_users"), {"users": users})
+                return True
+            except sa.exc.OperationalError as exc:
+                if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                if should_stop is not None and should_stop():
+                    log.info("gc.batch_abandoned", reason="stop requested while a user was held")
+                    return False
+    finally:
+        conn.execute(q("reset_lock_timeout"))
 
 
 def _release(conn: Connection, *statements: tuple[str, dict[str, Any]]) -> None:

@@ -26,6 +26,7 @@ from gc_worker.errors import DatabaseUnavailable, WriteConflict
 
 EMBEDDED_DB = "memory_gc"
 APPLICATION_NAME = "memory-gc"
+LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE: lock_timeout ran out
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
 _servers: dict[Path, Any] = {}
@@ -167,7 +168,7 @@ def _is_conflict(error: BaseException | None) -> bool:
     """Deadlock, serialization failure (SQLSTATE class 40) or lock timeout (55P03): the
     transaction was rolled back because of another writer, and can simply be run again."""
     state = getattr(error, "sqlstate", None) or ""
-    return state.startswith("40") or state == "55P03"
+    return state.startswith("40") or state == LOCK_NOT_AVAILABLE
 
 
 def retrying(attempts: int, work: Callable[[], T]) -> T:

@@ -226,7 +226,7 @@ def _process_next_batch(
     engine: Engine, run: dict[str, Any], settings: Settings, llm: Any,
     should_stop: Callable[[], bool] | None = None,
 ) -> bool:  # fmt: skip
-    with claimed(engine, run["id"]) as claim:
+    with claimed(engine, run["id"], should_stop) as claim:
         if claim is None:
             return False
         batch_no = claim.batch.batch_no
@@ -234,20 +234,24 @@ def _process_next_batch(
             batch_no=batch_no, user_id=claim.batch.users[0] if len(claim.batch.users) == 1 else None
         )
         llm_before = llm.usage() if llm is not None else {}
-        early: tuple[BatchContext, list[Action]] | None = None
-        if asks_model(run, settings, llm):
-            # the model can take minutes to answer: plan first, with no transaction open (each
-            # read is its own; the claim and the users' locks are held by the claiming session),
-            # then apply in a short transaction that checks every row's version as planned
-            claim.conn.execute(q("custom_plans_session"))
-            ctx = _context(claim.conn, claim.batch, run, settings, llm, in_transaction=False)
-            ctx.should_stop = should_stop
-            try:
+        summary = None
+        try:
+            early: tuple[BatchContext, list[Action]] | None = None
+            if asks_model(run, settings, llm):
+                # the model can take minutes to answer: plan first, with no transaction open
+                # (each read is its own; the claim and the users' locks are held by the claiming
+                # session), then apply in a short transaction that checks every row's version
+                claim.conn.execute(q("custom_plans_session"))
+                ctx = _context(claim.conn, claim.batch, run, settings, llm, in_transaction=False)
+                ctx.should_stop = should_stop
                 early = ctx, _plan(ctx, run, batch_no)
-            except PlanAbandoned:
-                log.info("gc.batch_abandoned", batch_no=batch_no, reason="stop requested")
-                return False
-        summary = _commit_batch(engine, run, batch_no, settings, llm, llm_before, early)
+            summary = _commit_batch(engine, run, batch_no, settings, llm, llm_before, early)
+        except PlanAbandoned:
+            log.info("gc.batch_abandoned", batch_no=batch_no, reason="stop requested")
+            return False
+        finally:
+            if summary is None and llm is not None:  # nothing written; its model calls were paid
+                claim.note_unapplied_llm(run["id"], _spent(llm, llm_before))
     if summary is not None:
         log.info("gc.batch_committed", batch_no=batch_no, users=len(claim.batch.users), **summary)
     return True
@@ -277,8 +281,7 @@ def _commit_batch(
         summary = _run_batch(ctx, run, batch_no, actions)
         stats: dict[str, Any] = {k: v.as_dict() for k, v in ctx.stats.items()}
         if llm is not None:
-            after = llm.usage()
-            stats["_llm"] = {k: after[k] - llm_before.get(k, 0) for k in after}
+            stats["_llm"] = _spent(llm, llm_before)
         conn.execute(
             q("finish_batch"),
             {"run_id": run["id"], "batch_no": batch_no, "worker": WORKER_ID,
@@ -357,6 +360,10 @@ def plan_batch(ctx: BatchContext, job_names: Sequence[str]) -> list[Action]:
         stats.llm_calls += _llm_calls(ctx) - calls_before
     structlog.contextvars.unbind_contextvars("job")
     return planned
+
+
+def _spent(llm: Any, before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in llm.usage().items()}
 
 
 def _llm_calls(ctx: BatchContext) -> int:

@@ -112,9 +112,12 @@ def _per_user(users: dict[str, Counter]) -> dict[str, dict[str, Any]]:
 
 
 def _llm_totals(conn: Connection, run: dict[str, Any]) -> dict[str, int]:
+    """What the run's batches spent on the model: what they applied, and what attempts that
+    wrote nothing (a stop, a failure, a batch another worker finished) paid for all the same."""
     totals = Counter({key: 0 for key in LLM_KEYS})
-    for (stats,) in conn.execute(q("run_batch_stats"), {"run_id": run["id"]}):
-        totals.update(stats.get("_llm", {}))
+    for applied, unapplied in conn.execute(q("run_llm_usage"), {"run_id": run["id"]}):
+        for usage in [applied or {}, *(unapplied or [])]:
+            totals.update(usage)
     return dict(totals)
 
 

@@ -24,6 +24,7 @@ from gc_worker import engine as gc_engine
 from gc_worker.config import Settings, UserCapSettings
 from gc_worker.daemon import listen_dsn
 from gc_worker.queries import q
+from gc_worker.report import build_report
 from tests.conftest import TEST_DIM
 from tests.fake_model import FakeModel, fake_port
 from tests.store import NOW, add, days_ago, execute, run, status
@@ -255,3 +256,64 @@ def test_a_stop_while_the_model_is_asked_gives_the_batch_up(engine) -> None:
         assert gc_engine.process_run(engine, run_id, SETTINGS, llm=llm) is True
     assert second.calls["ImportanceAnswer"] == 1  # u2's; u1's was answered before the stop
     assert execute(engine, "SELECT count(*) FROM gc_actions WHERE outcome = 'applied'").scalar()
+    with engine.connect() as conn:  # the request the given-up attempt paid for is reported
+        spent = build_report(conn, run_id, actions=False)["llm"]
+    assert spent["calls"] == sum(first.calls.values()) + sum(second.calls.values())
+    assert spent["cache_hits"] >= 1  # u1's answer, taken from the cache by the second worker
+
+
+def test_model_calls_of_a_failed_attempt_are_reported(engine) -> None:
+    """A batch attempt that fails after asking the model (here: marking the batch done is
+    refused) writes nothing; the calls it made are still in the run's report."""
+    seed(engine)
+    failures = iter([True])
+
+    def fail_once(_: Any) -> None:
+        if next(failures, False):  # first request: make the batch transaction fail
+            execute(engine, "ALTER TABLE gc_run_batches ADD CONSTRAINT no_done "
+                            "CHECK (state <> 'done') NOT VALID")  # fmt: skip
+
+    model = Watching(fail_once)
+    request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("importance",))
+    run_id = gc_engine.start_run(engine, SETTINGS, request)
+    with fake_port(engine, SETTINGS, model) as llm, pytest.raises(sa.exc.IntegrityError):
+        gc_engine.process_run(engine, run_id, SETTINGS, llm=llm)
+    execute(engine, "ALTER TABLE gc_run_batches DROP CONSTRAINT no_done")
+    assert execute(engine, "SELECT count(*) FROM gc_actions").scalar() == 0
+    with engine.connect() as conn:
+        spent = build_report(conn, run_id, actions=False)["llm"]
+    assert spent["calls"] == sum(model.calls.values()) == 2  # u1 and u2, one batch
+
+
+def test_a_stop_while_waiting_for_a_users_lock_gives_the_batch_up(engine) -> None:
+    """A worker whose batch's user is held by another worker's batch (a sweep behind a long
+    nightly plan) notices a stop while it waits: the batch stays pending, nothing written;
+    once the user is free, the next worker does it."""
+    ids = [add(engine, user, expires_at=days_ago(1)) for user in ("a", "b")]
+    request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("ttl_expiry",))
+    run_id = gc_engine.start_run(engine, SETTINGS, request)
+    stop = threading.Event()
+    result: list[bool] = []
+    with engine.connect() as other:  # the other worker's claiming session holds user "b"
+        other.execution_options(isolation_level="AUTOCOMMIT")
+        assert other.execute(sa.text(USER_FREE), {"user": "b"}).scalar()
+        thread = threading.Thread(
+            target=lambda: result.append(
+                gc_engine.process_run(engine, run_id, SETTINGS, should_stop=stop.is_set)
+            )
+        )
+        thread.start()
+        try:
+            time.sleep(1.5)  # longer than one wait slice
+            assert thread.is_alive()  # waiting for "b", not failing
+            stop.set()
+            thread.join(5)
+            assert not thread.is_alive() and result == [False]
+        finally:
+            other.execute(q("unlock_claim"))
+            thread.join(30)
+    assert execute(engine, "SELECT state FROM gc_run_batches WHERE run_id = :r",
+                   r=run_id).scalars().all() == ["pending"]  # fmt: skip
+    assert execute(engine, "SELECT count(*) FROM gc_actions").scalar() == 0
+    assert gc_engine.process_run(engine, run_id, SETTINGS) is True
+    assert [status(engine, i) for i in ids] == ["deleted", "deleted"]

@@ -41,11 +41,24 @@ SET LOCAL plan_cache_mode = force_custom_plan
 SET plan_cache_mode = force_custom_plan
 
 -- finish_batch --
--- Mark a claimed batch done with its per-job counters.
+-- Mark a claimed batch done with its per-job counters (keeping the model usage of earlier
+-- attempts that wrote nothing, note_unapplied_llm).
 UPDATE gc_run_batches
 SET state = 'done', worker = :worker, finished_at = clock_timestamp(),
     stats = CAST(:stats AS jsonb)
+            || CASE WHEN stats ? '_llm_unapplied'
+                    THEN jsonb_build_object('_llm_unapplied', stats -> '_llm_unapplied')
+                    ELSE '{}' END
 WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
+
+-- note_unapplied_llm --
+-- The model usage of a batch attempt that wrote nothing (given up at a stop, failed and rolled
+-- back, or finished meanwhile by another worker): paid for all the same, so the run's report
+-- counts it. One entry per attempt.
+UPDATE gc_run_batches
+SET stats = stats || jsonb_build_object('_llm_unapplied',
+        coalesce(stats -> '_llm_unapplied', '[]') || jsonb_build_array(CAST(:usage AS jsonb)))
+WHERE run_id = :run_id AND batch_no = :batch_no
 
 -- complete_run --
 -- Close a run once no batch is pending.
@@ -97,6 +110,13 @@ ORDER BY batch_no, seq
 -- run_batch_stats --
 -- Per-batch job counters of a run.
 SELECT stats FROM gc_run_batches WHERE run_id = :run_id AND state = 'done'
+
+-- run_llm_usage --
+-- Every batch's model usage, done or not: what was applied (_llm) and what attempts that wrote
+-- nothing spent (_llm_unapplied).
+SELECT stats -> '_llm' AS applied, stats -> '_llm_unapplied' AS unapplied
+FROM gc_run_batches
+WHERE run_id = :run_id AND (stats ? '_llm' OR stats ? '_llm_unapplied')
 
 -- recent_runs --
 -- The latest runs, newest first. A run still 'running' that no process works (nobody holds its

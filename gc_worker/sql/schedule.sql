@@ -14,6 +14,15 @@ FROM (
     FROM (SELECT DISTINCT hashtext(u) AS k FROM unnest(CAST(:users AS text[])) AS u ORDER BY k) s
 ) locked
 
+-- user_lock_slice --
+-- lock_batch_users waits in slices of a second, so a worker asked to stop while another
+-- worker's batch holds one of its users (e.g. a long plan that asks the model) notices it.
+SET lock_timeout = '1s'
+
+-- reset_lock_timeout --
+-- Back to the session's own lock_timeout once the users are locked (or the wait given up).
+RESET lock_timeout
+
 -- pending_batches --
 -- A run's batches not done yet, in order: the ones a worker may try to claim.
 SELECT batch_no FROM gc_run_batches WHERE run_id = :run_id AND state = 'pending' ORDER BY batch_no
