@@ -20,7 +20,7 @@ def register(sub: Any) -> None:
     user.add_argument("user_id")
     _common(user, cmd_forget_user)
     memory = sub.add_parser(
-        "forget", help="erase one memory (and what was derived from it)",
+        "forget", help="erase one memory (with what it was made from and what was derived from it)",
         description=cmd_forget.__doc__,
     )  # fmt: skip
     memory.add_argument("memory_id")
@@ -54,7 +54,8 @@ def cmd_forget_user(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_forget(args: argparse.Namespace, ctx: Context) -> int:
-    """File a request to erase one memory and every record derived from it."""
+    """File a request to erase one memory, the records it was made from (a merged record, a
+    summary) and every record derived from it."""
     return _forget(ctx, args, memory_id=parse_uuid(args.memory_id, "memory id"))
 
 

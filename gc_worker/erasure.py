@@ -41,6 +41,7 @@ JOB = "erasure"
 # Details an erased memory's audit rows keep: ids, codes, instants and numbers, never text.
 KEEP_DETAILS = (
     "into", "sources", "memory_ids", "superseded_by", "group", "request_ids", "derived_from",
+    "source_of",
     "same_content_as", "reactivated_from", "matched", "status", "status_reason", "importance",
     "close_valid_until", "expires_at", "undid", "run", "over_cap_by",
 )  # fmt: skip

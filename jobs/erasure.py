@@ -6,9 +6,11 @@ Options (``[erasure]``):
 
 Reads the batch's pending ``gc_erasure_requests`` and ``gc_erasure_tombstones``; emits
 - ``soft_delete`` reason ``erasure`` for every memory a request targets (a user's rows, or one
-  row), in any status except already erased, pinned or not; for every record derived from one
-  (``memory_lineage``, transitively: details.derived_from); and for every other row of the user
-  with the same normalised content (details.same_content_as);
+  row), in any status except already erased, pinned or not; for every record a requested memory
+  was made from, if it is a merged record or a summary (``memory_lineage`` downward,
+  transitively: details.source_of); for every record derived from one (``memory_lineage``
+  upward, transitively: details.derived_from); and for every other row of the user with the
+  same normalised content (details.same_content_as);
 - ``soft_delete`` reason ``erasure_tombstone`` for a row that matches a tombstone (same user and
   id, or same normalised content hash): a stale writer brought an erased memory back;
 - ``restore`` reason ``erasure_reactivated`` for each non-erased source an erased derived record
@@ -83,6 +85,7 @@ def plan_erasure(
         sources[derived_id].add(source_id)
     digests = {row.id: content_hash(row.user_id, row.content) for row in rows}
     targets = _requested(requests, rows, by_id)
+    _take_sources(targets, requests, sources, by_id)
     _match_tombstones(targets, rows, digests, tombstones)
     _propagate(targets, rows, digests, derived)
     purge_now = {r.id for r in requests if r.purge_now}
@@ -102,6 +105,28 @@ def _requested(
         for memory_id in ids:
             targets.setdefault(memory_id, _Target("erasure")).requests.add(request.id)
     return targets
+
+
+def _take_sources(
+    targets: dict[UUID, _Target],
+    requests: Sequence[Request],
+    sources: Mapping[UUID, set[UUID]],
+    by_id: Mapping[UUID, Any],
+) -> None:
+    """A forgotten merged record or summary takes the records it was made from (transitively):
+    they hold the same facts, and bringing them back would undo the request. Only downward
+    from a requested memory: a derived record erased because one of its sources was is the
+    other way round (its other sources come back)."""
+    frontier = [r.memory_id for r in requests if r.kind == "memory" and r.memory_id in targets]
+    while frontier:
+        added: list[UUID] = []
+        for memory_id in frontier:
+            owner = by_id[memory_id].user_id
+            for source_id in sorted(sources.get(memory_id, ()), key=str):
+                source = by_id.get(source_id)
+                if source is not None and source.user_id == owner:  # never across users
+                    added += _add(targets, source_id, targets[memory_id], "source_of", memory_id)
+        frontier = added
 
 
 def _match_tombstones(
@@ -141,7 +166,7 @@ def _propagate(
             cause = targets[memory_id]
             hashes.setdefault((users[memory_id], digests[memory_id]), memory_id)
             for derived_id in sorted(derived.get(memory_id, ()), key=str):
-                if derived_id in users:
+                if users.get(derived_id) == users[memory_id]:  # never across users
                     added += _add(targets, derived_id, cause, "derived_from", memory_id)
         for row in rows:
             twin = hashes.get((row.user_id, digests[row.id]))
@@ -213,6 +238,7 @@ def _reactivations(
         source = by_id.get(source_id)
         if (
             source is None
+            or source.user_id != record.user_id  # never across users
             or source_id in targets
             or is_erased(source)
             or source.status == "active"

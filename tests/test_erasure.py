@@ -98,6 +98,33 @@ class TestPlanErasure:
         assert set(by(actions, Kind.SOFT_DELETE)) == {a.id, d1.id, d2.id}
         assert set(by(actions, Kind.RESTORE)) == {b.id, c.id}
 
+    def test_forgetting_a_derived_record_takes_what_it_was_made_from(self):
+        """A forgotten summary of a merge takes the merge and every row under it (they hold its
+        facts): nothing comes back. A record derived from one of them goes too, and only then
+        are its other sources reactivated."""
+        d1, d2 = row(content="d1"), row(content="d2")
+        a = row(content="a", status="merged", superseded_by=d1.id)
+        b = row(content="b", status="merged", superseded_by=d1.id)
+        d1.status, d1.superseded_by = "deleted", d2.id
+        c = row(content="c", status="deleted", status_reason="over_cap_summarized",
+                superseded_by=d2.id)  # fmt: skip
+        foreign = row("u2", content="f", status="merged", superseded_by=d1.id)
+        lineage = [(d1.id, a.id), (d1.id, b.id), (d2.id, d1.id), (d2.id, c.id),
+                   (d1.id, foreign.id)]  # fmt: skip
+        actions = plan_erasure([memory_request(d2)], [a, b, c, d1, d2, foreign], lineage, [])
+        deletes = by(actions, Kind.SOFT_DELETE)
+        assert set(deletes) == {d2.id, d1.id, a.id, b.id, c.id}  # never the other user's row
+        assert by(actions, Kind.RESTORE) == {}
+        assert deletes[a.id].details["source_of"] == [str(d1.id)]
+        assert deletes[d1.id].details["source_of"] == [str(d2.id)]
+        # the other way round: a source's request takes the record, which gives back the rest
+        actions = plan_erasure([memory_request(d1)], [a, b, c, d1, d2], lineage, [])
+        assert set(by(actions, Kind.SOFT_DELETE)) == {d1.id, a.id, b.id, d2.id}
+        assert set(by(actions, Kind.RESTORE)) == {c.id}
+        # lineage across users (nothing the worker writes) carries nothing across
+        actions = plan_erasure([memory_request(foreign)], [a, b, c, d1, d2, foreign], lineage, [])
+        assert {a.memory_id for a in actions} == {foreign.id}
+
     def test_sources_not_absorbed_by_the_record_stay(self):
         """A source already active, absorbed elsewhere, or erased itself is not reactivated."""
         merged, elsewhere = row(content="m"), row(content="e")
@@ -228,6 +255,22 @@ class TestErasureRun:
         assert get(engine, a) is None and get(engine, merged) is None
         assert status(engine, b) == "active"
         assert count(engine, "SELECT count(*) FROM memory_lineage") == 0
+
+    def test_forgetting_a_merged_record_does_not_bring_its_members_back(self, engine, settings):
+        """forget MERGED erases the merged record and the members it absorbed (they state the
+        same facts): nothing of it is on the read path again, and the request completes."""
+        a = add(engine, "u1", "Keeps a parrot")
+        b = add(engine, "u1", "The parrot is named Quokkaberry")
+        merged = merge(engine, "u1", [a, b], "Keeps a parrot named Quokkaberry", [1.0] + [0.0] * 7)
+        other = add(engine, "u1", "Lives in Lisbon")
+        file(engine, memory_id=merged)
+        report = run(engine, settings)
+        assert acted_on(report, "soft_delete") == {str(a), str(b), str(merged)}
+        assert acted_on(report, "restore") == set()
+        assert {get(engine, m)["status_reason"] for m in (a, b, merged)} == {"erasure"}
+        assert requests(engine)[0]["status"] == "completed"
+        visible = execute(engine, "SELECT id FROM active_memories WHERE user_id = 'u1'")
+        assert visible.scalars().all() == [other]
 
     def test_purge_waits_for_erasure_retention(self, engine, settings):
         """Erased rows are purged at exactly retention_days, not a second before."""

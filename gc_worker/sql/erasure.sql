@@ -76,15 +76,22 @@ DELETE FROM gc_llm_cache WHERE memory_ids && CAST(:ids AS uuid[]) RETURNING key
 DELETE FROM gc_review_items WHERE memory_ids && CAST(:ids AS uuid[]) RETURNING id
 
 -- erasure_complete_requests --
--- Complete the batch's pending requests none of whose targets (or their derived records) is
--- still unerased; targets that drifted keep their request pending for the next run.
+-- Complete the batch's pending requests none of whose targets (with the records a requested
+-- memory was made from, and the records derived from any of them) is still unerased; targets
+-- that drifted keep their request pending for the next run.
 WITH RECURSIVE pending AS (
     SELECT id, kind, user_id, memory_id FROM gc_erasure_requests
     WHERE status = 'pending' AND user_id = ANY(:users)
-), reach (request_id, memory_id) AS (
-    SELECT p.id, m.id
+), made_from (request_id, memory_id, user_id) AS (
+    SELECT p.id, m.id, m.user_id
     FROM pending p JOIN memories m
       ON m.user_id = p.user_id AND (p.kind = 'user' OR m.id = p.memory_id)
+    UNION
+    SELECT f.request_id, s.id, s.user_id
+    FROM made_from f JOIN memory_lineage l ON l.derived_id = f.memory_id
+         JOIN memories s ON s.id = l.source_id AND s.user_id = f.user_id
+), reach (request_id, memory_id) AS (
+    SELECT request_id, memory_id FROM made_from
     UNION
     SELECT r.request_id, l.derived_id
     FROM reach r JOIN memory_lineage l ON l.source_id = r.memory_id
