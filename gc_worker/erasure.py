@@ -151,7 +151,8 @@ def finish_batch(ctx: BatchContext, applied: Sequence[Action], *, run_id: UUID) 
     erased = {a.memory_id for a in applied if _erases(a)}
     completed = _complete(ctx, mine, run_id)
     erased |= {row.memory_id for row in completed if row.memory_id is not None}
-    scrub(ctx.conn, sorted(erased, key=str), users=ctx.users)
+    forgotten = sorted({row.user_id for row in completed if row.kind == "user"})
+    scrub(ctx.conn, sorted(erased, key=str), users=ctx.users, whole_users=forgotten)
     if completed:
         log.info("erasure.requests_completed", requests=len(completed), erased=len(erased))
     return [row.id for row in completed]
@@ -222,20 +223,30 @@ def request_results(actions: Sequence[Action]) -> dict[str, dict[str, int]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def scrub(conn: Connection, memory_ids: Sequence[UUID], *, users: Sequence[str]) -> dict[str, int]:
-    """Remove erased memories' content from every table the worker owns; counts per table."""
-    if not memory_ids:
+def scrub(
+    conn: Connection,
+    memory_ids: Sequence[UUID],
+    *,
+    users: Sequence[str],
+    whole_users: Sequence[str] = (),
+) -> dict[str, int]:
+    """Remove erased memories' content from every table the worker owns, and everything the
+    worker holds about the ``whole_users`` (forgotten users: also what it keeps about memories
+    no longer in the store); counts per table."""
+    if not memory_ids and not whole_users:
         return {}
     ids = list(memory_ids)
     params = {
         "ids": ids,
         "id_texts": [str(m) for m in ids],
         "owners": list(users),
+        "whole_users": list(whole_users),
         "keep_details": list(KEEP_DETAILS),
         "keep_prior": list(PRIOR_FIELDS),
     }
+    dropped = {"ids": ids, "whole_users": list(whole_users)}
     return {
         "gc_actions": len(conn.execute(q("erasure_scrub_actions"), params).all()),
-        "gc_llm_cache": len(conn.execute(q("erasure_drop_llm_cache"), {"ids": ids}).all()),
-        "gc_review_items": len(conn.execute(q("erasure_drop_reviews"), {"ids": ids}).all()),
+        "gc_llm_cache": len(conn.execute(q("erasure_drop_llm_cache"), dropped).all()),
+        "gc_review_items": len(conn.execute(q("erasure_drop_reviews"), dropped).all()),
     }

@@ -11,7 +11,10 @@ covered without a code change — for
 - the erased content: every string is normalised and hashed with the row's user and compared with
   the tombstones' hashes (whole content, and its first 200 characters as previews show it), so
   the check needs no copy of what it looks for. A content quoted inside a longer text is not seen
-  by this check (the id check covers records that name the memory).
+  by this check (the id check covers records that name the memory);
+- for a forgotten user, anything the worker still keeps about them from before the request was
+  completed: cached model decisions, review items, audit rows not scrubbed (``user``) — these
+  can hold text derived from memories no longer in the store (no tombstone, no id to find).
 
 A pending request is a residue too (nothing was erased yet). Rows of a table that has a
 ``user_id`` column are read for the erased user only; other tables are read whole. The result is
@@ -53,7 +56,12 @@ class Residue:
     match: str  # "id" | "content" | "pending"
 
     def describe(self) -> str:
-        what = {"id": "an erased id", "content": "erased content", "pending": "request pending"}
+        what = {
+            "id": "an erased id",
+            "content": "erased content",
+            "pending": "request pending",
+            "user": "kept about the forgotten user",
+        }
         return f"{self.table}.{self.column} row {self.row}: {what[self.match]}"
 
 
@@ -128,6 +136,11 @@ def verify(
         result = _verification(conn, user_id, memory_id)
         needles = _needles(conn, result, memory_id)
         _scan(conn, result, needles, all_tables=all_tables)
+        if user_id is not None:
+            result.residues += [
+                Residue(row.table_name, row.column_name, row.row_key, "user")
+                for row in conn.execute(q("erasure_user_leftovers"), {"user_id": user_id})
+            ]
         params = {
             "ids": result.request_ids,
             "verification": json.dumps(result.record(now)),

@@ -249,3 +249,50 @@ class TestForgetAfterTheRealJobs:
         assert full_text_scan(engine, markers) == []
         assert count(engine, "SELECT count(*) FROM gc_llm_cache WHERE user_id = 'u1'") == 0
         assert status(engine, bystander) == "active"
+
+    @pytest.mark.parametrize("gone_by", ["application", "retention"])
+    def test_traces_of_memories_already_gone_are_removed(self, engine, settings, gone_by):
+        """The user's rows the jobs wrote about are no longer in the store when the user is
+        forgotten (the application deleted them after a dry run; or the history retention
+        purged a merge's members): what the worker kept about them — a stored plan's merged
+        record and previews, cached merge decisions and embeddings — goes too."""
+        from tests.fake_model import FakeModel, fake_port
+        from tests.test_compaction import E0, at_similarity
+
+        a = add(engine, "u1", "Keeps a parrot named Quokkaberry", embedding=E0)
+        b = add(engine, "u1", "Has a pet parrot called Quokkaberry", embedding=at_similarity(0.95))
+        now = NOW
+        with fake_port(engine, settings, FakeModel("good")) as llm:
+            run(engine, settings, dry_run=True, llm=llm)  # a plan, never applied
+            if gone_by == "retention":
+                run(engine, settings, llm=llm)  # the merge is applied; members kept as history
+        if gone_by == "application":
+            sa_delete = "DELETE FROM memories WHERE id = ANY(:ids)"
+            with engine.begin() as conn:
+                conn.execute(sa.text(sa_delete), {"ids": [a, b]})
+        else:
+            now = NOW + 400 * DAY
+            run(engine, settings, now=now, jobs=["hard_delete"])
+        assert get(engine, a) is None and get(engine, b) is None
+        add(engine, "u1", "Likes jazz")  # the user still has a row to forget
+        assert full_text_scan(engine, ["quokkaberry"])  # the worker's tables still hold it
+        erasure.forget(engine, settings, now=now, user_id="u1", purge_now=True)
+        assert full_text_scan(engine, ["quokkaberry"]) == []
+        assert count(engine, "SELECT count(*) FROM gc_llm_cache WHERE user_id = 'u1'") == 0
+        assert verify(engine, now=now, user_id="u1").residues == []
+
+    def test_verify_finds_what_the_worker_kept_about_a_forgotten_user(self, engine, settings):
+        """Anything kept about a forgotten user from before the request completed is a residue
+        (a cache row, a review item, an audit row with content), even with no erased id or
+        content hash to find it by; what the user's new activity brings later is not."""
+        add(engine, "u1", "Likes jazz")
+        erasure.forget(engine, settings, now=NOW, user_id="u1", purge_now=True)
+        assert verify(engine, now=NOW, user_id="u1").residues == []
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO gc_llm_cache (key, kind, user_id, value, created_at)"
+                " VALUES ('old', 'merge_group', 'u1', '{}', '2000-01-01'),"
+                "        ('new', 'merge_group', 'u1', '{}', now() + interval '1 minute')"
+            ))  # fmt: skip
+        found = verify(engine, now=NOW, user_id="u1").residues
+        assert [(r.table, r.row, r.match) for r in found] == [("gc_llm_cache", "old", "user")]

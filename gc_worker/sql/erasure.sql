@@ -49,7 +49,9 @@ ON CONFLICT DO NOTHING
 -- erasure_scrub_actions --
 -- Strip content from the audit and plans of erased memories; ids, action and reason stay. Every
 -- row that names an erased memory loses its preview: a deferred group's preview (no memory_id)
--- is one of its members' text, whichever member is erased.
+-- is one of its members' text, whichever member is erased. A forgotten user (:whole_users)
+-- loses it from every row, including rows about memories already gone (purged by retention,
+-- deleted by the application) or never created (a dry run's merged record).
 UPDATE gc_actions a
 SET content_preview = NULL,
     details = coalesce((SELECT jsonb_object_agg(d.key, d.value)
@@ -62,18 +64,23 @@ SET content_preview = NULL,
                        WHERE p.key = ANY(:keep_prior))
             END
 WHERE a.user_id = ANY(:owners)
-  AND (a.memory_id = ANY(:ids)
+  AND (a.user_id = ANY(:whole_users) OR a.memory_id = ANY(:ids)
        OR EXISTS (SELECT 1 FROM unnest(CAST(:id_texts AS text[])) AS i(t)
                   WHERE strpos(CAST(a.details AS text), i.t) > 0))
 RETURNING a.id
 
 -- erasure_drop_llm_cache --
--- Forget cached LLM decisions taken on erased memories.
-DELETE FROM gc_llm_cache WHERE memory_ids && CAST(:ids AS uuid[]) RETURNING key
+-- Forget cached LLM decisions taken on erased memories, and every one of a forgotten user.
+DELETE FROM gc_llm_cache
+WHERE memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users)
+RETURNING key
 
 -- erasure_drop_reviews --
--- Drop review items that name an erased memory (the question is moot, the content must go).
-DELETE FROM gc_review_items WHERE memory_ids && CAST(:ids AS uuid[]) RETURNING id
+-- Drop review items that name an erased memory (the question is moot, the content must go),
+-- and every one of a forgotten user.
+DELETE FROM gc_review_items
+WHERE memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users)
+RETURNING id
 
 -- erasure_complete_requests --
 -- Complete the batch's pending requests none of whose targets (with the records a requested
@@ -104,6 +111,7 @@ UPDATE gc_erasure_requests q
 SET status = 'completed', completed_at = :now, run_id = :run_id,
     result = q.result || coalesce(CAST(:results AS jsonb) -> CAST(q.id AS text),
                                   CAST(:empty_result AS jsonb))
+             || jsonb_build_object('scrubbed_at', clock_timestamp())
 FROM pending p
 WHERE q.id = p.id AND NOT EXISTS (SELECT 1 FROM still_open o WHERE o.request_id = p.id)
 RETURNING q.id, q.kind, q.user_id, q.memory_id
@@ -176,3 +184,25 @@ WHERE c.table_schema = current_schema() AND t.table_type = 'BASE TABLE'
   AND (c.data_type IN ('text', 'character varying', 'character', 'json', 'jsonb', 'uuid')
        OR c.udt_name IN ('_text', '_varchar', '_uuid', '_json', '_jsonb'))
 ORDER BY c.table_name, c.ordinal_position
+
+-- erasure_user_leftovers --
+-- What completing a forget-user removes from the worker's own tables, found again: the user's
+-- cached decisions, review items, and audit rows not scrubbed, from before the last completed
+-- request's scrub (result.scrubbed_at; what came later is the user's new activity).
+WITH done AS (
+    SELECT max(CAST(result ->> 'scrubbed_at' AS timestamptz)) AS at
+    FROM gc_erasure_requests
+    WHERE user_id = :user_id AND kind = 'user' AND status = 'completed'
+)
+SELECT 'gc_llm_cache' AS table_name, 'user_id' AS column_name, c.key AS row_key
+FROM gc_llm_cache c, done
+WHERE c.user_id = :user_id AND c.created_at <= done.at
+UNION ALL
+SELECT 'gc_review_items', 'user_id', CAST(r.id AS text)
+FROM gc_review_items r, done
+WHERE r.user_id = :user_id AND r.created_at <= done.at
+UNION ALL
+SELECT 'gc_actions', 'details', CAST(a.id AS text)
+FROM gc_actions a, done
+WHERE a.user_id = :user_id AND a.recorded_at <= done.at
+  AND (a.content_preview IS NOT NULL OR NOT (a.details ? 'scrubbed'))
