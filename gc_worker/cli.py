@@ -109,6 +109,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("memory-gc: interrupted; committed batches stay applied", file=sys.stderr)
         return 1
+    except Exception as exc:
+        from sqlalchemy.exc import DBAPIError
+
+        if not isinstance(exc, DBAPIError):
+            raise  # a bug: the traceback is what to report
+        from gc_worker.db import describe_error
+
+        # the server refused a statement: one line, without the statement's parameters or the
+        # server's DETAIL (they can quote a memory's content)
+        print(f"memory-gc: database error: {describe_error(exc)}", file=sys.stderr)
+        return 1
     finally:
         if context is not None:
             context.close()

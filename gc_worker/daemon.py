@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 from gc_worker import scheduler, sweeps
 from gc_worker.claims import participating
 from gc_worker.config import Settings
-from gc_worker.db import APPLICATION_NAME, names_itself
+from gc_worker.db import APPLICATION_NAME, describe_error, names_itself
 from gc_worker.engine import (
     WORKER_ID,
     RunRequest,
@@ -268,7 +268,7 @@ class Daemon:
             self._sweep_failed(claim.id, str(exc))
             return
         except Exception as exc:
-            self._sweep_failed(claim.id, f"{type(exc).__name__}: {exc}")
+            self._sweep_failed(claim.id, describe_error(exc))
             raise
         with self.engine.connect() as conn:
             status = load_run(conn, run_id)["status"]
@@ -318,9 +318,7 @@ class Daemon:
             return unit()
         except Exception as exc:
             self.failures += 1
-            log.error(
-                "gc.daemon.unit_failed", unit=unit.__name__, error=f"{type(exc).__name__}: {exc}"
-            )
+            log.error("gc.daemon.unit_failed", unit=unit.__name__, error=describe_error(exc))
             return None
 
     def _close_llm(self, llm: Any) -> None:

@@ -107,7 +107,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("postgresql") and not names_itself("application_name" in url):
         named = {"application_name": APPLICATION_NAME}
         kwargs["connect_args"] = named | kwargs.get("connect_args", {})
-    engine = sa.create_engine(url, pool_pre_ping=True, **kwargs)
+    # a failed statement's message would otherwise quote its parameters (memory text, a
+    # model's merged text) into gc_runs.error, sweep requests and logs, beyond any erasure
+    engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True, **kwargs)
     if engine.dialect.driver == "psycopg":
         sa.event.listen(engine, "connect", _register_loaders)
     try:
@@ -162,6 +164,16 @@ def translated_errors() -> Iterator[None]:
         raise DatabaseUnavailable(
             f"the database connection failed mid-transaction: {exc.orig}"
         ) from None
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` for what the worker stores and logs about a failure. A driver error is
+    cut to the server's first line: the rest (DETAIL "Failing row contains (…)", the statement)
+    can quote a row's content, which an erasure could not reach there."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
+        first = (str(exc.orig).splitlines() or [""])[0]
+        return f"{type(exc.orig).__name__}: {first}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _is_conflict(error: BaseException | None) -> bool:

@@ -35,7 +35,7 @@ from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
 from gc_worker.claims import claimed, participating
 from gc_worker.config import Settings
-from gc_worker.db import retrying, transaction
+from gc_worker.db import describe_error, retrying, transaction
 from gc_worker.errors import NotFoundError, PlanAbandoned, UsageError
 from gc_worker.execute import execute
 from gc_worker.queries import q
@@ -218,8 +218,8 @@ def _work_run(
 
 def _fail(engine: Engine, run_id: UUID, exc: Exception) -> None:
     with transaction(engine) as conn:
-        conn.execute(q("fail_run"), {"run_id": run_id, "error": f"{type(exc).__name__}: {exc}"})
-    log.error("gc.run_failed", run_id=str(run_id), error=str(exc))
+        conn.execute(q("fail_run"), {"run_id": run_id, "error": describe_error(exc)})
+    log.error("gc.run_failed", run_id=str(run_id), error=describe_error(exc))
 
 
 def _process_next_batch(

@@ -7,7 +7,8 @@ covered without a code change — for
 
 - the erased ids (any UUID inside a value, json keys included); the audit (``gc_actions``) and
   the erasure's own records keep ids by design, as do other memories' ``supersedes`` /
-  ``superseded_by`` pointers: ids carry no content;
+  ``superseded_by`` pointers and a pending batch's picked candidates (``gc_run_batches.work``):
+  ids carry no content;
 - the erased content: every string is normalised and hashed with the row's user and compared with
   the tombstones' hashes (whole content, and its first 200 characters as previews show it), so
   the check needs no copy of what it looks for. A content quoted inside a longer text is not seen
@@ -41,7 +42,13 @@ from jobs.similarity import content_hash
 
 # Where an erased id may stay: the audit skeleton and the erasure's own records.
 ID_EXEMPT_TABLES = frozenset({"gc_actions", "gc_erasure_requests", "gc_erasure_tombstones"})
-ID_EXEMPT_COLUMNS = frozenset({("memories", "supersedes"), ("memories", "superseded_by")})
+ID_EXEMPT_COLUMNS = frozenset(
+    {
+        ("memories", "supersedes"),
+        ("memories", "superseded_by"),
+        ("gc_run_batches", "work"),  # a pending batch's picked candidates (dropped when done)
+    }
+)
 UUID_TEXT = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )

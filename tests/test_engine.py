@@ -290,3 +290,25 @@ class TestLogs:
         assert [(e["batch_no"], e["user_id"]) for e in committed] == [(0, "u1"), (1, "u2")]
         assert {(e["run_id"], e["dry_run"]) for e in committed} == {(report["run_id"], False)}
         assert structlog.contextvars.get_contextvars() == {}
+
+
+def test_a_failure_is_recorded_without_the_rows_content(engine, settings, capsys, cli_env):
+    """A statement the server refuses (here a CHECK the application added) fails the run;
+    what is kept of the error — gc_runs.error, the log line, the CLI's message — names the
+    failure but quotes neither the statement's parameters nor the server's DETAIL (the failing
+    row, content included), which no erasure could reach there."""
+    import sqlalchemy as sa
+
+    from gc_worker.cli import main
+
+    add(engine, "u1", "Keeps a parrot named Quokkaberry", expires_at=days_ago(1))
+    execute(engine, "ALTER TABLE memories ADD CONSTRAINT app_rule"
+                    " CHECK (status <> 'deleted') NOT VALID")  # fmt: skip
+    with pytest.raises(sa.exc.IntegrityError):
+        run(engine, settings)
+    (error,) = execute(engine, "SELECT error FROM gc_runs WHERE status = 'failed'").scalars()
+    assert error.startswith("CheckViolation: ") and "app_rule" in error
+    assert "Quokkaberry" not in error and "Quokkaberry" not in capsys.readouterr().out
+    assert main(["run", "--now", NOW.isoformat()]) == 1
+    err = capsys.readouterr().err
+    assert "memory-gc: database error: CheckViolation" in err and "Quokkaberry" not in err

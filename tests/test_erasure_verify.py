@@ -94,6 +94,20 @@ class TestVerify:
         add(engine, "u2", "Lives in Quokkaville")
         assert verify(engine, now=NOW, user_id="u1").residues == []
 
+    def test_a_user_the_jobs_picked_candidates_of_verifies_clean(self, engine, settings):
+        """Rows the run-start scan picked (decay / usage_prune candidates) were listed by id in
+        their batch's work: a batch drops them when done, so a forgotten user whose rows the
+        jobs acted on verifies clean (it used to fail for good on gc_run_batches.work)."""
+        old = NOW - timedelta(days=400)
+        for i in range(3):
+            add(engine, "u1", f"Old fact number {i}", importance=1, created_at=old, updated_at=old)
+        add(engine, "u1", "Fresh fact")
+        run(engine, settings)
+        works = execute(engine, "SELECT work FROM gc_run_batches").scalars().all()
+        assert works and all("ids" not in (w or {}) for w in works)
+        erasure.forget(engine, settings, now=NOW, user_id="u1", purge_now=True)
+        assert verify(engine, now=NOW, user_id="u1").residues == []
+
     def test_long_content_found_through_its_preview(self, engine, settings):
         """A 200-character preview of a long erased text is recognised."""
         long_text = "Plans a trip " + "around the fjords " * 20

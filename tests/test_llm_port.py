@@ -329,11 +329,21 @@ class TestMergeGroup:
         assert caught.value.reason == "malformed_response"
 
     def test_refusal_is_rejected(self, make_port: MakePort) -> None:
-        """A refusal is an invalid answer."""
-        port, _ = make_port(chat_reply("", refusal="I can't help with that."))
+        """A refusal is an invalid answer; its text (which may restate the memories it was
+        shown) is not kept in the error, which is logged."""
+        port, _ = make_port(chat_reply("", refusal="I can't help with Quokkaberry the parrot."))
         with pytest.raises(LLMInvalidAnswer) as caught:
             port.merge_group("u1", GROUP)
         assert caught.value.reason == "refused"
+        assert "Quokkaberry" not in str(caught.value) and "Quokkaberry" not in caught.value.detail
+
+    def test_a_nul_character_is_rejected(self, make_port: MakePort) -> None:
+        """A text PostgreSQL cannot store (a NUL character) is an invalid answer, not a failed
+        batch write later."""
+        port, _ = make_port(chat_reply(merge_answer(merged_text="Prefers tea\u0000 at noon")))
+        with pytest.raises(LLMInvalidAnswer) as caught:
+            port.merge_group("u1", GROUP)
+        assert caught.value.reason == "malformed_response"
 
 
 class TestJudgeContradiction:

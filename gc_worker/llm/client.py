@@ -198,11 +198,25 @@ def _message_answer(completion: Any) -> Any:
     if not completion.choices:
         raise LLMInvalidAnswer("empty_answer", "no choices")
     message = completion.choices[0].message
-    if message.refusal:
-        raise LLMInvalidAnswer("refused", message.refusal[:200])
+    if message.refusal:  # its text is not kept: a refusal often restates what it was shown
+        raise LLMInvalidAnswer("refused", f"{len(message.refusal)} characters")
     if message.parsed is None:
         raise LLMInvalidAnswer("empty_answer", "no content")
+    if _has_nul(message.parsed.model_dump()):
+        # PostgreSQL stores no text or jsonb with one: the cache or the merged record would
+        # fail the batch's write instead
+        raise LLMInvalidAnswer("malformed_response", "a NUL character in a text")
     return message.parsed
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def _schema_error(exc: pydantic.ValidationError) -> LLMInvalidAnswer:

@@ -42,9 +42,10 @@ SET plan_cache_mode = force_custom_plan
 
 -- finish_batch --
 -- Mark a claimed batch done with its per-job counters (keeping the model usage of earlier
--- attempts that wrote nothing, note_unapplied_llm).
+-- attempts that wrote nothing, note_unapplied_llm). The candidate ids the scan picked for it
+-- (work.ids) served its plan and go; work.users stays (an apply of this plan reads it).
 UPDATE gc_run_batches
-SET state = 'done', worker = :worker, finished_at = clock_timestamp(),
+SET state = 'done', worker = :worker, finished_at = clock_timestamp(), work = work - 'ids',
     stats = CAST(:stats AS jsonb)
             || CASE WHEN stats ? '_llm_unapplied'
                     THEN jsonb_build_object('_llm_unapplied', stats -> '_llm_unapplied')
