@@ -68,10 +68,20 @@ def parse_now(value: str | None) -> datetime:
             f"--now {value!r} is not an ISO 8601 instant; use e.g. 2026-01-31T03:00:00Z"
         ) from None
     if parsed.tzinfo is None:
-        raise UsageError(
-            f"--now {value!r} has no timezone; add one, e.g. {value}Z or {value}+00:00"
-        )
+        full = value if "T" in value or " " in value else f"{value}T00:00:00"
+        raise UsageError(f"--now {value!r} has no timezone; add one, e.g. {full}Z or {full}+00:00")
     return parsed
+
+
+def positive_int(value: str) -> int:
+    """argparse type: a whole number ≥ 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
+    return number
 
 
 def parse_uuid(value: str, what: str) -> UUID:
@@ -97,9 +107,9 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logs.configure()
     context: Context | None = None
     try:
+        logs.configure()
         args = build_parser().parse_args(argv)
         context = Context(load_settings(args.config), load_runtime())
         return int(args.handler(args, context) or 0)

@@ -10,7 +10,7 @@ from typing import Any
 
 from gc_worker import engine as gc_engine
 from gc_worker import render, schema
-from gc_worker.cli import Context, parse_now, parse_uuid, progress, write_reports
+from gc_worker.cli import Context, parse_now, parse_uuid, positive_int, progress, write_reports
 from gc_worker.errors import UsageError
 from gc_worker.report import build_report
 
@@ -51,7 +51,7 @@ def register(sub: Any) -> None:
     target.add_argument("--run", dest="run_id")
     target.add_argument("--memory", dest="memory_id")
     runs = _add(sub, "runs", cmd_runs, "list recent runs")
-    runs.add_argument("--limit", type=int, default=20)
+    runs.add_argument("--limit", type=positive_int, default=20)
     demo = _add(
         sub, "demo", cmd_demo, "seed a sample store in the embedded database and dry-run it"
     )
@@ -118,17 +118,42 @@ def _process(engine: Any, run_id: Any, ctx: Context, settings: Any = None) -> No
 def _finish(engine: Any, run_id: Any, paths: list[Path]) -> int:
     with engine.connect() as conn:  # the summary line needs counts only, not every action
         report = build_report(conn, run_id, actions=bool(paths))
-    for path in write_reports(report, paths):
-        print(f"report: {path}")
     print(summary_line(report))
+    try:
+        for path in write_reports(report, paths):
+            print(f"report: {path}")
+    except OSError as exc:  # checked before the run; the disk may still fill up or vanish
+        print(
+            f"memory-gc: error: the run is done but its report could not be written "
+            f"({exc}); render it again with `memory-gc report {run_id} --output PATH`",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
-def _check_report_path(path: Path) -> None:
+def _check_report_path(path: Path, option: str = "--report") -> None:
+    """Refuse, before anything runs, a report path that could not be written afterwards (an
+    unknown suffix, a directory, a place that cannot be created or written)."""
     try:
         render.format_for_path(path)
     except ValueError as exc:
-        raise UsageError(f"--report {path}: {exc}") from None
+        raise UsageError(f"{option} {path}: {exc}") from None
+    if path.is_dir():
+        example = path / "report.json"
+        raise UsageError(f"{option} {path} is a directory; name a file, e.g. {example}")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"{option} {path} cannot be written ({exc.strerror or exc}); "
+            "choose a writable place (nothing was run)"
+        ) from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def summary_line(report: dict[str, Any]) -> str:
@@ -142,6 +167,14 @@ def summary_line(report: dict[str, Any]) -> str:
 
 def cmd_report(args: argparse.Namespace, ctx: Context) -> int:
     run_id = parse_uuid(args.run_id, "run id")
+    if args.output:
+        _check_report_path(args.output, "--output")
+        implied = render.format_for_path(args.output)
+        if args.format and args.format != implied:
+            raise UsageError(
+                f"--format {args.format} does not match --output {args.output} ({implied}); "
+                f"drop --format or name the file with .{args.format}"
+            )
     fmt = args.format or (render.format_for_path(args.output) if args.output else "json")
     with ctx.engine().connect() as conn:
         text = render.render(build_report(conn, run_id), fmt)

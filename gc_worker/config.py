@@ -32,7 +32,7 @@ from pydantic import (
 from gc_worker.errors import ConfigError
 
 ENV_PREFIX = "MEMORY_GC_"
-RUNTIME_ENV = {"DATABASE_URL", "DATA_DIR", "CONFIG", "LOG_LEVEL", "LOG_FORMAT"}
+RUNTIME_ENV = {"DATABASE_URL", "DATA_DIR", "CONFIG", "LOG_LEVEL"}
 # Day windows are subtracted from the run's clock: 100 years is "forever" in practice, and a
 # window reaching before year 1 would crash every run with OverflowError.
 MAX_DAYS = 36_500
@@ -190,10 +190,11 @@ def default_data_dir() -> Path:
 def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Build the validated settings from an optional TOML file and the environment."""
     env = os.environ if env is None else env
+    named_by = "--config" if path is not None else ENV_PREFIX + "CONFIG"
     path = path if path is not None else env.get(ENV_PREFIX + "CONFIG")
     layers: list[tuple[str, dict[str, Any]]] = []
     if path:
-        layers.append((str(path), _read_toml(Path(path))))
+        layers.append((str(path), _read_toml(Path(path), named_by)))
     layers.append(("environment", _env_layer(env)))
     merged: dict[str, dict[str, Any]] = {}
     origin: dict[tuple[str, str], str] = {}
@@ -217,13 +218,19 @@ def load_runtime(env: Mapping[str, str] | None = None) -> Runtime:
     )
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(path: Path, named_by: str = ENV_PREFIX + "CONFIG") -> dict[str, Any]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist; fix MEMORY_GC_CONFIG") from None
+        raise ConfigError(f"config file {path} does not exist; fix {named_by}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text; fix {named_by}") from None
+    except OSError as exc:  # a directory, no permission, …
+        raise ConfigError(
+            f"config file {path} cannot be read ({exc.strerror or exc}); fix {named_by}"
+        ) from None
     for section, values in data.items():
         if not isinstance(values, dict):
             raise ConfigError(
@@ -278,7 +285,7 @@ def _validate(merged: dict[str, Any], origin: Mapping[tuple[str, str], str]) -> 
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:
-        problems = [_describe(err, merged, origin) for err in exc.errors()]
+        problems = list(dict.fromkeys(_describe(err, merged, origin) for err in exc.errors()))
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
 
 
@@ -289,8 +296,11 @@ def _describe(err: Mapping[str, Any], merged: Mapping[str, Any], origin: Mapping
     value = merged.get(section, {}).get(key, "?") if key else "?"
     where = origin.get((section, key), "defaults")
     env_name = f"{ENV_PREFIX}{section.upper()}__{key.upper()}"
+    width = _tuple_width(section, key)
     if err["type"] == "value_error":  # a validator's own message says what is allowed
         problem = err["msg"].removeprefix("Value error, ")
+    elif width and (len(loc) > 2 or err["type"] in ("too_short", "too_long")):
+        problem = f"expected a list of exactly {width} numbers"  # not "Field required" per slot
     else:
         problem = err["msg"] + _allowed(section, key)
     return (
@@ -300,6 +310,16 @@ def _describe(err: Mapping[str, Any], merged: Mapping[str, Any], origin: Mapping
 
 
 _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
+def _tuple_width(section: str, key: str) -> int:
+    """How many items a fixed-length tuple setting takes (0 if it is not one)."""
+    model = getattr(Settings.model_fields.get(section), "annotation", None)
+    field = getattr(model, "model_fields", {}).get(key)
+    if field is None or typing.get_origin(field.annotation) is not tuple:
+        return 0
+    args = typing.get_args(field.annotation)
+    return 0 if Ellipsis in args else len(args)
 
 
 def _allowed(section: str, key: str) -> str:

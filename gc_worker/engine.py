@@ -45,6 +45,7 @@ WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 # A batch rolled back by a write conflict (deadlock, serialization failure) is claimed and
 # planned again from scratch; the worker itself waits on no row lock, so this is a backstop.
 BATCH_ATTEMPTS = 3
+NOW_YEARS = (1971, 9000)  # a run clock outside these is a mistake (and retention math overflows)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,11 @@ class RunRequest:
     def __post_init__(self) -> None:
         if self.now.tzinfo is None:
             raise UsageError("the run's `now` must be timezone-aware, e.g. 2026-01-31T03:00:00Z")
+        if not NOW_YEARS[0] <= self.now.year <= NOW_YEARS[1]:
+            raise UsageError(
+                f"the run's `now` ({self.now.isoformat()}) is outside the years "
+                f"{NOW_YEARS[0]}-{NOW_YEARS[1]}; the cutoffs computed from it would overflow"
+            )
 
 
 def resolve_jobs(requested: Sequence[str], settings: Settings) -> tuple[str, ...]:

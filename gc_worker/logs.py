@@ -10,6 +10,8 @@ import sys
 
 import structlog
 
+from gc_worker.errors import ConfigError
+
 
 class _Stderr:
     """Whatever sys.stderr is at write time (it may be swapped after configuration)."""
@@ -21,11 +23,22 @@ class _Stderr:
         sys.stderr.flush()
 
 
+LEVELS = ("debug", "info", "warning", "error")
+
+
 def configure(level: str | None = None) -> None:
-    name = (level or os.environ.get("MEMORY_GC_LOG_LEVEL") or "info").upper()
-    numeric = logging.getLevelName(name)
-    if not isinstance(numeric, int):
-        numeric = logging.INFO
+    """Configure logging; an unknown level is a ConfigError (logging stays configured at info,
+    so the error itself can be reported)."""
+    name = (level or os.environ.get("MEMORY_GC_LOG_LEVEL") or "info").lower()
+    if name not in LEVELS:
+        _configure(logging.INFO)
+        raise ConfigError(
+            f"MEMORY_GC_LOG_LEVEL={name!r} is not a log level; use one of {', '.join(LEVELS)}"
+        )
+    _configure(logging.getLevelName(name.upper()))
+
+
+def _configure(numeric: int) -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -110,7 +110,13 @@ def _open_item(conn: Connection, review_id: int) -> dict[str, Any]:
     if item is None:
         raise NotFoundError(f"no review item {review_id}; `memory-gc reviews list` shows them")
     if item["status"] != "open":
-        raise UsageError(f"review {review_id} is already {item['status']}: {item['resolution']}")
+        done = item["resolution"] or {}
+        run_id = done.get("run_id")
+        undo = f"; to undo it: `memory-gc restore --run {run_id}`" if run_id else ""
+        raise UsageError(
+            f"review {review_id} is already {item['status']} "
+            f"({done.get('decision', 'no decision recorded')}){undo}"
+        )
     return dict(item)
 
 

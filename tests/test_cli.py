@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from uuid import UUID
 
 import pytest
@@ -10,7 +11,7 @@ from alembic import command
 
 from gc_worker import db, schema
 from gc_worker.cli import main
-from tests.store import NOW, add, days_ago, snapshot, status
+from tests.store import NOW, add, days_ago, execute, snapshot, status
 
 NOW_ARG = NOW.isoformat()
 
@@ -127,6 +128,23 @@ class TestBadInput:
             (["report", str(UUID(int=5))], {}, "no run with id"),
             (["restore", "--memory", str(UUID(int=5))], {}, "no restorable change"),
             (["frobnicate"], {}, "invalid choice"),
+            (["run", "--now", "0001-01-02T00:00:00Z"], {}, "outside the years"),
+            (["runs"], {"MEMORY_GC_LOG_LEVEL": "verbose"}, "not a log level"),
+            (
+                ["run"],
+                {"MEMORY_GC_DECAY__IMPORTANCE_MULTIPLIERS": "[1, 2, 3]"},
+                "exactly 5 numbers",
+            ),
+            (["runs"], {"MEMORY_GC_LOG_FORMAT": "json"}, "MEMORY_GC_LOG_FORMAT"),
+            (["run", "--now", "2026-01-01"], {}, "e.g. 2026-01-01T00:00:00Z"),
+            (["runs", "--limit", "-5"], {}, "at least 1"),
+            (["reviews", "list", "--limit", "0"], {}, "at least 1"),
+            (["report", str(UUID(int=5)), "--output", "out.txt"], {}, ".json, .md or .html"),
+            (
+                ["report", str(UUID(int=5)), "--format", "html", "--output", "r.json"],
+                {},
+                "does not match",
+            ),
         ],
     )
     def test_exit_2_and_nothing_changed(
@@ -140,6 +158,51 @@ class TestBadInput:
         assert main(argv) == 2
         assert fragment in capsys.readouterr().err
         assert snapshot(engine) == before
+
+    @pytest.mark.parametrize("where", ["directory", "unwritable"])
+    def test_a_report_path_that_cannot_be_written_is_refused_before_the_run(
+        self, engine, cli_env, capsys, tmp_path, where
+    ):
+        """`run --report PATH` used to apply the run and then fail writing the report (exit 1,
+        a traceback, no run id): the operator would run it again. Now nothing runs."""
+        seeded(engine)
+        before = snapshot(engine)
+        path = tmp_path / "r.json" if where == "directory" else Path("/proc/no-such/r.json")
+        if where == "directory":
+            path.mkdir()
+        assert main(["run", "--report", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert ("is a directory" if where == "directory" else "cannot be written") in err
+        assert snapshot(engine) == before
+        assert execute(engine, "SELECT count(*) FROM gc_runs").scalar() == 0
+
+    @pytest.mark.parametrize(
+        ("env", "fragment"),
+        [
+            ({"MEMORY_GC_DATABASE_URL": "notaurl"}, "not a usable PostgreSQL URL"),
+            ({"MEMORY_GC_DATABASE_URL": "mysql://x@y/z"}, "not a usable PostgreSQL URL"),
+            ({"MEMORY_GC_DATABASE_URL": "sqlite:///x.db"}, "names a sqlite database"),
+            ({"MEMORY_GC_DATA_DIR": "/proc/no-such-dir"}, "MEMORY_GC_DATA_DIR"),
+            ({"MEMORY_GC_CONFIG": "/tmp"}, "cannot be read"),
+        ],
+    )
+    def test_unusable_settings_exit_2_naming_them(self, monkeypatch, capsys, env, fragment):
+        """An unusable URL, data directory or config path is named, with what to do (exit 2),
+        instead of a traceback."""
+        monkeypatch.delenv("MEMORY_GC_DATABASE_URL", raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert main(["runs"]) == 2
+        assert fragment in capsys.readouterr().err
+
+    def test_a_url_option_the_driver_refuses_exits_2(self, cli_env, monkeypatch, capsys):
+        monkeypatch.setenv("MEMORY_GC_DATABASE_URL", cli_env + "&bogus=1")
+        assert main(["runs"]) == 2
+        assert "refused by the driver" in capsys.readouterr().err
+
+    def test_config_named_by_the_option_is_named_in_the_error(self, capsys, tmp_path):
+        assert main(["--config", str(tmp_path / "none.toml"), "runs"]) == 2
+        assert "fix --config" in capsys.readouterr().err
 
     def test_unreachable_database_exits_1(self, monkeypatch, capsys):
         """A database that cannot be reached is a runtime failure (exit 1) with what to check."""
