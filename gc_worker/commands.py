@@ -204,7 +204,7 @@ def cmd_runs(args: argparse.Namespace, ctx: Context) -> int:
     from gc_worker.queries import q
 
     with ctx.engine().connect() as conn:
-        for row in conn.execute(q("recent_runs"), {"limit": args.limit}):
+        for row in conn.execute(q("recent_runs"), {"limit": args.limit, "run_id": None}):
             print(
                 f"{row.id}  {row.mode:<8} {row.status:<10} {row.trigger:<13} "
                 f"now={row.now.isoformat()} started={row.started_at:%Y-%m-%d %H:%M:%S}"

@@ -267,14 +267,46 @@ def _md(value: Any) -> str:
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _md_banner(report: Report) -> str:
-    run_id = _md(report.get("run_id"))
+def banner(report: Report) -> tuple[str, str, str]:
+    """(kind, headline, what to do next) for the top of a rendered report. The command it
+    suggests is one that works for this run's mode and status."""
+    run_id, status = _text(report.get("run_id")), report.get("status")
+    plan, applied_by = report.get("plan_run_id"), report.get("applied_by")
     if _is_dry_run(report):
+        if applied_by:
+            done = f"Its plan was applied by run {applied_by}."
+            return "dry", "Dry run — nothing was changed.", done
+        if status == "rejected":
+            return "dry", "Dry run — rejected.", "Its plan will never be applied."
+        if status != "completed":
+            return "dry", f"Dry run — {status}, not complete.", "Its plan cannot be applied."
         return (
-            f"> **Dry run — nothing was changed.** To apply exactly this plan, run "
-            f"`memory-gc apply {run_id}`"
+            "dry",
+            "Dry run — nothing was changed.",
+            (f"To apply exactly this plan, run `memory-gc apply {run_id}`"),
         )
-    return f"> Applied. To undo while the rows still exist: `memory-gc restore --run {run_id}`"
+    if report.get("mode") == "restore":
+        return "applied", "Restore run.", "It put back what is listed; it cannot itself be undone."
+    if status != "completed":
+        finish = f"; `memory-gc apply {plan}` finishes it" if plan else ""
+        return (
+            "incomplete",
+            f"Not complete — {status}.",
+            (
+                f"What it applied so far is listed and stays; `memory-gc restore --run {run_id}` "
+                f"undoes it{finish}."
+            ),
+        )
+    return (
+        "applied",
+        "Applied.",
+        (f"To undo while the rows still exist: `memory-gc restore --run {run_id}`"),
+    )
+
+
+def _md_banner(report: Report) -> str:
+    _, headline, rest = banner(report)
+    return f"> **{_md(headline)}** {_md(rest)}"
 
 
 def _md_totals(report: Report) -> str:

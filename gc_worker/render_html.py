@@ -15,7 +15,6 @@ from gc_worker.render import (
     _actions,
     _deferred_rows,
     _header_rows,
-    _is_dry_run,
     _job_table,
     _llm_rows,
     _more_note,
@@ -25,6 +24,7 @@ from gc_worker.render import (
     _total_actions,
     _total_rows,
     _user_rows,
+    banner,
 )
 
 
@@ -58,16 +58,11 @@ def render_html(report: Report) -> str:
 
 
 def _h_banner(report: Report) -> str:
-    run_id = _e(report.get("run_id"))
-    if _is_dry_run(report):
-        return (
-            '<p class="banner dry"><strong>Dry run — nothing was changed.</strong> '
-            f"To apply exactly this plan, run <code>memory-gc apply {run_id}</code></p>"
-        )
-    return (
-        '<p class="banner applied"><strong>Applied.</strong> To undo while the rows still '
-        f"exist: <code>memory-gc restore --run {run_id}</code></p>"
-    )
+    kind, headline, rest = banner(report)
+    # `command` spans become <code>; everything else is escaped text
+    parts = rest.split("`")
+    body = "".join(_e(p) if i % 2 == 0 else f"<code>{_e(p)}</code>" for i, p in enumerate(parts))
+    return f'<p class="banner {kind}"><strong>{_e(headline)}</strong> {body}</p>'
 
 
 def _h_meta(report: Report) -> str:
@@ -186,6 +181,7 @@ code { font: 0.9em ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
 .banner { padding: 10px 14px; border-radius: 6px; border: 1px solid; margin: 12px 0; }
 .banner.dry { background: var(--warn-bg); border-color: var(--warn-line); }
 .banner.applied { background: var(--ok-bg); border-color: var(--ok-line); }
+.banner.incomplete { background: #fdecea; border-color: #e0a39b; }
 .meta { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 0; }
 .meta dt { color: var(--muted); }
 .meta dd { margin: 0; overflow-wrap: anywhere; }

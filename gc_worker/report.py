@@ -50,7 +50,8 @@ def build_report(conn: Connection, run_id: UUID, *, actions: bool = True) -> dic
         "report_version": REPORT_VERSION,
         "run_id": str(run["id"]),
         "mode": run["mode"],
-        "status": run["status"],
+        "trigger": run["trigger"],
+        "status": _shown_status(conn, run),
         "now": _iso(run["now"]),
         "started_at": _iso(run["started_at"]),
         "finished_at": _iso(run["finished_at"]),
@@ -64,6 +65,12 @@ def build_report(conn: Connection, run_id: UUID, *, actions: bool = True) -> dic
         "drifted": drifted,
         "llm": _llm_totals(conn, run),
     }
+
+
+def _shown_status(conn: Connection, run: dict[str, Any]) -> str:
+    """The status `memory-gc runs` shows: a 'running' run nobody works was stopped."""
+    shown = conn.execute(q("recent_runs"), {"run_id": run["id"], "limit": 1}).first()
+    return shown.status if shown is not None else run["status"]
 
 
 def _job_counters(conn: Connection, run: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -49,6 +49,11 @@ def _restore_run(engine: Engine, run_id: UUID, now: datetime | None) -> RestoreR
             raise UsageError(
                 f"run {run_id} is a dry run: it changed nothing, so there is nothing to restore"
             )
+        if run["mode"] == "restore":
+            raise UsageError(
+                f"run {run_id} is a restore run; it cannot itself be undone (run the jobs "
+                "again to make their changes anew)"
+            )
         return _restore(conn, run_id, None, now=now)
 
 

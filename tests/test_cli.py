@@ -88,6 +88,10 @@ class TestHappyPath:
             return line.split()[2]
 
         assert listed() == "stopped"
+        assert main(["report", str(run_id), "--format", "md"]) == 0  # the report agrees
+        md = capsys.readouterr().out
+        assert "**Status:** stopped" in md and "Not complete — stopped." in md
+        assert "Applied." not in md
         with engine.connect() as worker:
             worker.execute(q("lock_run_shared"), {"run_id": run_id})
             worker.commit()

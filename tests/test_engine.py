@@ -265,6 +265,17 @@ class TestRestore:
         with pytest.raises(UsageError, match="dry run"):
             restore.restore_run(engine, UUID(report["run_id"]))
 
+    def test_a_restore_run_cannot_be_restored(self, engine, settings):
+        """Restoring a restore run would redo the changes it undid: refused, nothing recorded
+        (it used to say "0 restored" and record another empty restore run)."""
+        add(engine, expires_at=days_ago(1))
+        report = run(engine, settings)
+        undo = restore.restore_run(engine, UUID(report["run_id"]))
+        runs = execute(engine, "SELECT count(*) FROM gc_runs").scalar()
+        with pytest.raises(UsageError, match="restore run"):
+            restore.restore_run(engine, undo.run_id)
+        assert execute(engine, "SELECT count(*) FROM gc_runs").scalar() == runs
+
     def test_unknown_memory(self, engine):
         """Restoring a memory the worker never touched is refused."""
         with pytest.raises(NotFoundError):

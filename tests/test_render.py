@@ -61,6 +61,7 @@ def report() -> dict[str, Any]:
         "report_version": 1,
         "run_id": RUN_ID,
         "mode": "dry_run",
+        "status": "completed",
         "now": "2024-06-01T03:00:00+00:00",
         "started_at": "2024-06-01T03:00:00+00:00",
         "finished_at": "2024-06-01T03:00:02.500000+00:00",
@@ -109,7 +110,7 @@ def empty_report(report: dict[str, Any]) -> dict[str, Any]:
 
 def _applied(report: dict[str, Any]) -> dict[str, Any]:
     applied = copy.deepcopy(report)
-    applied.update(mode="apply", run_id="run-apply", plan_run_id=RUN_ID, status="succeeded")
+    applied.update(mode="apply", run_id="run-apply", plan_run_id=RUN_ID, status="completed")
     return applied
 
 
@@ -170,6 +171,37 @@ class TestRenderJson:
         assert "café ☕" in text
 
 
+class TestBanner:
+    """The banner suggests only a command that works for the run's mode and status (the
+    operator walkthrough found an apply suggested for applied and rejected plans, and a
+    restore of a restore run)."""
+
+    @pytest.mark.parametrize(
+        ("changes", "kind", "says", "suggests"),
+        [
+            ({}, "dry", "nothing was changed", f"memory-gc apply {RUN_ID}"),
+            ({"applied_by": "run-9"}, "dry", "applied by run run-9", None),
+            ({"status": "rejected"}, "dry", "rejected", None),
+            ({"status": "stopped"}, "dry", "stopped, not complete", None),
+            ({"mode": "apply", "run_id": "r1"}, "applied", "Applied.", "restore --run r1"),
+            ({"mode": "apply", "run_id": "r1", "status": "stopped", "plan_run_id": "p1"},
+             "incomplete", "Not complete — stopped.", "memory-gc apply p1"),
+            ({"mode": "apply", "run_id": "r1", "status": "failed"}, "incomplete", "failed",
+             "restore --run r1"),
+            ({"mode": "restore"}, "applied", "Restore run.", None),
+        ],
+    )  # fmt: skip
+    def test_banner(self, report, changes, kind, says, suggests) -> None:
+        report.update(changes)
+        got_kind, headline, rest = render.banner(report)
+        assert got_kind == kind and says in headline + " " + rest
+        commands = re.findall(r"`([^`]*)`", rest)
+        assert commands == [] if suggests is None else any(suggests in c for c in commands)
+        md, html = render.render_markdown(report), render.render(report, "html")
+        assert (f"memory-gc apply {RUN_ID}" in md) == (suggests == f"memory-gc apply {RUN_ID}")
+        assert f'class="banner {kind}"' in html
+
+
 class TestRenderMarkdown:
     def test_dry_run_says_nothing_changed_and_how_to_apply(self, report: dict[str, Any]) -> None:
         """A dry run opens with a nothing-changed banner and the apply command."""
@@ -183,7 +215,7 @@ class TestRenderMarkdown:
         md = render.render_markdown(_applied(report))
         assert "memory-gc apply" not in md
         assert "nothing was changed" not in md
-        assert f"**Plan run:** {RUN_ID}" in md and "**Status:** succeeded" in md
+        assert f"**Plan run:** {RUN_ID}" in md and "**Status:** completed" in md
 
     def test_header_totals_and_jobs(self, report: dict[str, Any]) -> None:
         """Header, totals per action and each job's numbers appear; an unreported drift shows —."""

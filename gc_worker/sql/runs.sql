@@ -120,8 +120,9 @@ FROM gc_run_batches
 WHERE run_id = :run_id AND (stats ? '_llm' OR stats ? '_llm_unapplied')
 
 -- recent_runs --
--- The latest runs, newest first. A run still 'running' that no process works (nobody holds its
--- participation lock, lock_run_shared: it was killed) shows as 'stopped'.
+-- The latest runs (or the one :run_id), newest first. A run still 'running' that no process
+-- works (nobody holds its participation lock, lock_run_shared: it was killed) shows as
+-- 'stopped'.
 SELECT id, mode, trigger, now, started_at, finished_at, plan_run_id, applied_by,
        CASE WHEN status = 'running' AND NOT EXISTS (
                 SELECT 1 FROM pg_locks l
@@ -130,7 +131,9 @@ SELECT id, mode, trigger, now, started_at, finished_at, plan_run_id, applied_by,
                   AND l.classid = 4242002 AND l.objsubid = 2
                   AND l.objid = CAST(hashtext(CAST(r.id AS text)) AS oid))
             THEN 'stopped' ELSE status END AS status
-FROM gc_runs r ORDER BY started_at DESC LIMIT :limit
+FROM gc_runs r
+WHERE CAST(:run_id AS uuid) IS NULL OR r.id = :run_id
+ORDER BY started_at DESC LIMIT :limit
 
 -- complete_restore_run --
 -- A restore run has no batches; it is complete when its transaction commits.
