@@ -320,6 +320,20 @@ class TestPlanThenApply:
         assert (applied["trigger"], applied["status"]) == ("nightly_apply", "completed")
         assert on_time.apply_due_plans() == []
 
+    def test_a_clock_ahead_of_the_server_keeps_the_review_window(self, engine, review, make_daemon):
+        """`schedule --once-due --now` a day ahead of the server's clock: the plan made at that
+        slot is not applied in the same pass (its finished_at, on the server's clock, was
+        already "an hour ago" for that clock) but an hour after the plan's end on its own."""
+        seed(engine, users=1)
+        ahead = datetime.now(UTC).replace(hour=3, minute=0, second=0, microsecond=0)
+        ahead += timedelta(days=2)
+        make_daemon(review, ahead).nightly()
+        (plan,) = runs(engine)
+        ended = ahead + (plan["finished_at"] - plan["started_at"])
+        assert make_daemon(review, ahead + timedelta(minutes=5)).apply_due_plans() == []
+        assert make_daemon(review, ended + timedelta(minutes=59)).apply_due_plans() == []
+        assert len(make_daemon(review, ended + timedelta(minutes=60)).apply_due_plans()) == 1
+
     def test_rejected_plan_is_never_applied(self, engine, review, make_daemon):
         """`memory-gc reject RUN_ID` stops the apply; the plan's rows stay as they are."""
         plan_id, finished, expired = self.plan(engine, review, make_daemon)

@@ -83,9 +83,12 @@ ORDER BY started_at
 
 -- due_plans --
 -- Completed nightly plans (plan_then_apply) not applied nor rejected whose review delay is over.
+-- finished_at is the server's clock; a daemon run with a clock ahead of it (--now in the
+-- future) measures the delay from the plan's end on its own clock (its `now` + its duration),
+-- so the review window is never skipped.
 SELECT id FROM gc_runs
 WHERE slot IS NOT NULL AND mode = 'dry_run' AND status = 'completed' AND applied_by IS NULL
-  AND finished_at <= :cutoff
+  AND greatest(finished_at, now + (finished_at - started_at)) <= :cutoff
 ORDER BY finished_at
 
 -- reject_plan --
