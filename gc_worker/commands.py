@@ -195,8 +195,11 @@ def cmd_restore(args: argparse.Namespace, ctx: Context) -> int:
         result = restore.restore_run(engine, parse_uuid(args.run_id, "run id"))
     else:
         result = restore.restore_memory(engine, parse_uuid(args.memory_id, "memory id"))
+    gone = [f"{n} {what}" for n, what in ((result.purged, "purged by the run"),
+                                          (result.erased, "erased by the run")) if n]  # fmt: skip
     print(f"restore run {result.run_id}: {len(result.restored)} restored, "
-          f"{len(result.not_restorable)} not restorable (changed since, or purged)")  # fmt: skip
+          f"{len(result.not_restorable)} not restorable (changed since, or purged since)"
+          + (f"; cannot be brought back: {', '.join(gone)}" if gone else ""))  # fmt: skip
     return 0
 
 

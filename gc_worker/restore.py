@@ -30,6 +30,8 @@ class RestoreResult:
     run_id: UUID
     restored: list[UUID] = field(default_factory=list)
     not_restorable: list[UUID] = field(default_factory=list)
+    purged: int = 0  # rows the restored run physically deleted: gone for good
+    erased: int = 0  # rows it erased ("forget me"): never undone
 
 
 # A restore waits for row locks (it is an operator's command, not a background job); when that
@@ -54,7 +56,10 @@ def _restore_run(engine: Engine, run_id: UUID, now: datetime | None) -> RestoreR
                 f"run {run_id} is a restore run; it cannot itself be undone (run the jobs "
                 "again to make their changes anew)"
             )
-        return _restore(conn, run_id, None, now=now)
+        gone = conn.execute(q("run_unrestorable"), {"run_id": run_id}).one()
+        result = _restore(conn, run_id, None, now=now, nothing_left_ok=not gone.restored_before)
+        result.purged, result.erased = gone.purged, gone.erased
+        return result
 
 
 def restore_memory(
@@ -77,11 +82,18 @@ def _restore_memory(engine: Engine, memory_id: UUID, now: datetime | None) -> Re
 
 
 def _restore(
-    conn: Connection, run_id: UUID, memory_ids: Sequence[UUID] | None, *, now: datetime | None
+    conn: Connection,
+    run_id: UUID,
+    memory_ids: Sequence[UUID] | None,
+    *,
+    now: datetime | None,
+    nothing_left_ok: bool = True,
 ) -> RestoreResult:
     now = now or datetime.now(UTC)
     params = {"run_id": run_id, "memory_ids": list(memory_ids) if memory_ids else None}
     rows = conn.execute(q("restorable_actions"), params).all()
+    if not rows and not nothing_left_ok:
+        raise UsageError(f"run {run_id} was already restored; nothing of it is left to restore")
     restored = set()
     restored |= _restore_status(conn, [r for r in rows if Kind(r.action) in TARGET_STATUS])
     restored |= _restore_importance(conn, [r for r in rows if r.action == Kind.SET_IMPORTANCE])

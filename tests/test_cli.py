@@ -47,6 +47,23 @@ class TestHappyPath:
         assert "1 restored" in capsys.readouterr().out
         assert status(engine, expired) == "active"
 
+    def test_restore_says_what_it_cannot_bring_back_and_refuses_twice(
+        self, engine, cli_env, capsys
+    ):
+        """A restored run that also purged rows says how many are gone for good (they used to
+        go unmentioned); restoring it again is refused (it used to say "0 restored", exit 0)."""
+        expired = seeded(engine)
+        add(engine, "u2", "long gone", status="deleted", status_reason="ttl_expired",
+            deleted_at=days_ago(90), status_changed_at=days_ago(90))  # fmt: skip
+        assert main(["run", "--now", NOW_ARG]) == 0
+        run_id = run_id_from(capsys.readouterr().out)
+        assert main(["restore", "--run", run_id]) == 0
+        out = capsys.readouterr().out
+        assert "1 restored" in out and "cannot be brought back: 1 purged by the run" in out
+        assert status(engine, expired) == "active"
+        assert main(["restore", "--run", run_id]) == 2
+        assert "already restored" in capsys.readouterr().err
+
     @pytest.mark.parametrize("fmt", ["json", "md", "html"])
     def test_report_command_formats(self, engine, cli_env, capsys, fmt):
         """report RUN_ID renders the stored run in each format."""

@@ -9,6 +9,15 @@ WHERE a.run_id = :run_id AND a.outcome = 'applied'
   AND (CAST(:memory_ids AS uuid[]) IS NULL OR a.memory_id = ANY(CAST(:memory_ids AS uuid[])))
 ORDER BY a.batch_no DESC, a.seq DESC
 
+-- run_unrestorable --
+-- What a restore of the run cannot bring back, by kind: rows it purged, rows it erased, and
+-- actions already restored by an earlier restore.
+SELECT count(*) FILTER (WHERE action = 'hard_delete' AND outcome = 'applied') AS purged,
+       count(*) FILTER (WHERE reason LIKE 'erasure%' AND action <> 'hard_delete'
+                          AND outcome = 'applied') AS erased,
+       count(*) FILTER (WHERE outcome = 'restored') AS restored_before
+FROM gc_actions WHERE run_id = :run_id
+
 -- latest_action_for_memory --
 -- The worker's most recent applied restorable action on one memory.
 SELECT a.run_id, a.action, a.details ->> 'group' AS grp
