@@ -75,6 +75,9 @@ def resolve_jobs(requested: Sequence[str], settings: Settings) -> tuple[str, ...
         if name not in available:
             raise UsageError(f"job {name!r} is not available in this build")
     if requested:
+        for name in requested:
+            if not getattr(settings, name).enabled:  # asked for by name: run it, but say so
+                log.warning("gc.disabled_job_requested", job=name, hint=f"[{name}] enabled = false")
         return tuple(n for n in available if n in requested)
     return tuple(n for n in available if getattr(settings, n).enabled)
 
