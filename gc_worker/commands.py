@@ -96,11 +96,19 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
 def cmd_apply(args: argparse.Namespace, ctx: Context) -> int:
     for path in args.report or []:
         _check_report_path(path)
+    from uuid import uuid4
+
+    from gc_worker.claims import participating
+
     engine = ctx.engine()
-    run_id = gc_engine.start_apply(engine, parse_uuid(args.run_id, "run id"))
-    with engine.connect() as conn:
-        settings = gc_engine.settings_of(gc_engine.load_run(conn, run_id))
-    _process(engine, run_id, ctx, settings=settings)
+    new_id = uuid4()
+    # participate in the apply run before it exists: a second `apply` of the plan started
+    # meanwhile is told it is being applied right now, instead of taking the run up as stopped
+    with participating(engine, new_id):
+        run_id = gc_engine.start_apply(engine, parse_uuid(args.run_id, "run id"), run_id=new_id)
+        with engine.connect() as conn:
+            settings = gc_engine.settings_of(gc_engine.load_run(conn, run_id))
+        _process(engine, run_id, ctx, settings=settings)
     return _finish(engine, run_id, args.report or [])
 
 

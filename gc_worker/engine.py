@@ -108,8 +108,12 @@ def start_run(
     return run_id
 
 
-def start_apply(engine: Engine, plan_run_id: UUID, *, trigger: str = "cli") -> UUID:
-    """Record an apply run of a completed dry run (refused if it was already applied).
+def start_apply(
+    engine: Engine, plan_run_id: UUID, *, trigger: str = "cli", run_id: UUID | None = None
+) -> UUID:
+    """Record an apply run of a completed dry run (refused if it was already applied), with
+    ``run_id`` if given (a caller that already participates in that id leaves no moment in
+    which another process could take the new run up as stopped).
 
     If an earlier apply of the same plan stopped before its end (the process was killed, or a
     batch failed) and nobody is working it, that apply run is taken up again instead: its
@@ -120,7 +124,7 @@ def start_apply(engine: Engine, plan_run_id: UUID, *, trigger: str = "cli") -> U
         if plan["mode"] == "dry_run" and plan["applied_by"] is not None:
             return _resume_apply(conn, plan)
         _check_plan(plan)
-        run_id = uuid4()
+        run_id = run_id or uuid4()
         row = {
             "id": run_id, "mode": "apply", "trigger": trigger, "now": plan["now"],
             "users": plan["users"], "jobs": plan["jobs"], "plan_run_id": plan_run_id,

@@ -47,6 +47,32 @@ class TestHappyPath:
         assert "1 restored" in capsys.readouterr().out
         assert status(engine, expired) == "active"
 
+    def test_a_second_apply_started_meanwhile_is_refused(
+        self, engine, cli_env, capsys, monkeypatch
+    ):
+        """Two `apply PLAN` at once: the second is told the plan is being applied right now
+        (exit 2), even when it starts in the moment after the first recorded its apply run and
+        before its batches began (it used to take the new run up as stopped and print "nothing
+        to do")."""
+        from gc_worker import engine as gc_engine
+
+        seeded(engine)
+        assert main(["run", "--dry-run", "--now", NOW_ARG]) == 0
+        plan_id = run_id_from(capsys.readouterr().out)
+        second: list[int] = []
+        real = gc_engine.process_run
+
+        def first_worker(*args, **kwargs):
+            if not second:  # the second command arrives before the first starts working
+                second.append(main(["apply", plan_id]))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(gc_engine, "process_run", first_worker)
+        assert main(["apply", plan_id]) == 0
+        out, err = capsys.readouterr()
+        assert second == [2] and "right now" in err
+        assert "soft_delete 1" in out
+
     def test_restore_says_what_it_cannot_bring_back_and_refuses_twice(
         self, engine, cli_env, capsys
     ):
