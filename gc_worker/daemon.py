@@ -32,11 +32,11 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy.engine import Engine
 
 from gc_worker import scheduler, sweeps
+from gc_worker.batch_run import WORKER_ID
 from gc_worker.claims import participating
 from gc_worker.config import Settings
 from gc_worker.db import APPLICATION_NAME, describe_error, names_itself
 from gc_worker.engine import (
-    WORKER_ID,
     RunRequest,
     load_run,
     process_run,

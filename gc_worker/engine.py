@@ -4,9 +4,10 @@ A run is a row in ``gc_runs`` and its user batches in ``gc_run_batches``; a scan
 (gc_worker.triage) decides which users each job reads and which rows. A worker claims a batch
 and its users with advisory locks on a session of its own (gc_worker.claims), held until the batch
 commits, so any number of workers can share a run, each batch is done exactly once, and a batch
-whose worker dies is released to the next worker. A batch is planned and applied in one
-transaction; when a job may call the model (``asks_model``) the plan is made just before that
-transaction, with none open, so a slow model never holds one. Then, in the transaction:
+whose worker dies is released to the next worker. A batch (gc_worker.batch_run) is planned
+and applied in one transaction; when a job may call the model (``asks_model``) the plan is made
+just before that transaction, with none open, so a slow model never holds one. Then, in the
+transaction:
 
 - dry run: the actions are stored as ``planned``; no memory changes;
 - apply (a plain run, or ``apply RUN_ID`` of a stored plan): the executor locks and
@@ -18,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,17 +30,14 @@ from sqlalchemy.engine import Connection, Engine
 
 import jobs
 from gc_worker import audit, triage
-from gc_worker.actions import Action, Kind
-from gc_worker.batch import BatchContext
-from gc_worker.claims import claimed, participating
+from gc_worker.batch_run import process_next_batch
+from gc_worker.claims import participating
 from gc_worker.config import Settings
 from gc_worker.db import describe_error, retrying, transaction
-from gc_worker.errors import NotFoundError, PlanAbandoned, UsageError
-from gc_worker.execute import execute
+from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.queries import q
 
 log = structlog.get_logger("memory_gc")
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 # A batch rolled back by a write conflict (deadlock, serialization failure) is claimed and
 # planned again from scratch; the worker itself waits on no row lock, so this is a backstop.
 BATCH_ATTEMPTS = 3
@@ -210,7 +206,7 @@ def _work_run(
         llm.begin_run()
     try:
         while not (should_stop and should_stop()) and retrying(
-            BATCH_ATTEMPTS, lambda: _process_next_batch(engine, run, settings, llm, should_stop)
+            BATCH_ATTEMPTS, lambda: process_next_batch(engine, run, settings, llm, should_stop)
         ):
             if on_batch:
                 on_batch(1)
@@ -233,172 +229,6 @@ def _fail(engine: Engine, run_id: UUID, exc: Exception) -> None:
     with transaction(engine) as conn:
         conn.execute(q("fail_run"), {"run_id": run_id, "error": describe_error(exc)})
     log.error("gc.run_failed", run_id=str(run_id), error=describe_error(exc))
-
-
-def _process_next_batch(
-    engine: Engine, run: dict[str, Any], settings: Settings, llm: Any,
-    should_stop: Callable[[], bool] | None = None,
-) -> bool:  # fmt: skip
-    with claimed(engine, run["id"], should_stop) as claim:
-        if claim is None:
-            return False
-        batch_no = claim.batch.batch_no
-        structlog.contextvars.bind_contextvars(
-            batch_no=batch_no, user_id=claim.batch.users[0] if len(claim.batch.users) == 1 else None
-        )
-        llm_before = llm.usage() if llm is not None else {}
-        summary = None
-        try:
-            early: tuple[BatchContext, list[Action]] | None = None
-            if asks_model(run, settings, llm):
-                # the model can take minutes to answer: plan first, with no transaction open
-                # (each read is its own; the claim and the users' locks are held by the claiming
-                # session), then apply in a short transaction that checks every row's version
-                claim.conn.execute(q("custom_plans_session"))
-                ctx = _context(claim.conn, claim.batch, run, settings, llm, in_transaction=False)
-                ctx.should_stop = should_stop
-                early = ctx, _plan(ctx, run, batch_no)
-            summary = _commit_batch(engine, run, batch_no, settings, llm, llm_before, early)
-        except PlanAbandoned:
-            log.info("gc.batch_abandoned", batch_no=batch_no, reason="stop requested")
-            return False
-        finally:
-            if summary is None and llm is not None:  # nothing written; its model calls were paid
-                claim.note_unapplied_llm(run["id"], _spent(llm, llm_before))
-    if summary is not None:
-        log.info("gc.batch_committed", batch_no=batch_no, users=len(claim.batch.users), **summary)
-    return True
-
-
-def _commit_batch(
-    engine: Engine, run: dict[str, Any], batch_no: int, settings: Settings, llm: Any,
-    llm_before: dict[str, int], early: tuple[BatchContext, list[Action]] | None,
-) -> dict[str, int] | None:  # fmt: skip
-    """The claimed batch's transaction: plan (unless ``early`` holds the plan made before it),
-    apply or store, mark done; None if the batch was finished meanwhile."""
-    with transaction(engine) as conn:
-        conn.execute(q("batch_lock_timeout"))
-        batch = conn.execute(q("lock_batch"), {"run_id": run["id"], "batch_no": batch_no}).first()
-        if batch is None:
-            return None  # finished meanwhile by a worker whose claim was lost
-        # psycopg prepares a statement executed 5 times, and PostgreSQL then switches to a
-        # generic plan, in which `= ANY($1)` cannot hash its array: `NOT (id = ANY(:taken))`
-        # over thousands of ids became a linear search per row from the 10th batch on.
-        conn.execute(q("custom_plans"))
-        if early is None:
-            ctx = _context(conn, batch, run, settings, llm, in_transaction=True)
-            actions = _plan(ctx, run, batch_no)
-        else:
-            ctx, actions = early
-            ctx.conn, ctx.in_transaction = conn, True
-        summary = _run_batch(ctx, run, batch_no, actions)
-        stats: dict[str, Any] = {k: v.as_dict() for k, v in ctx.stats.items()}
-        if llm is not None:
-            stats["_llm"] = _spent(llm, llm_before)
-        conn.execute(
-            q("finish_batch"),
-            {"run_id": run["id"], "batch_no": batch_no, "worker": WORKER_ID,
-             "stats": json.dumps(stats)},
-        )  # fmt: skip
-    return summary
-
-
-def asks_model(run: dict[str, Any], settings: Settings, llm: Any) -> bool:
-    """Whether planning this run's batches may call the model (then it is done before the batch
-    transaction): a port, a fresh plan (an apply of a stored plan asks nothing), and a job that
-    asks (a job module's ``asks_model(settings)``)."""
-    return (
-        llm is not None
-        and run["plan_run_id"] is None
-        and any(
-            getattr(jobs.REGISTRY[name], "asks_model", lambda _: False)(settings)
-            for name in run["jobs"]
-        )
-    )
-
-
-def _context(
-    conn: Connection, batch: Any, run: dict[str, Any], settings: Settings, llm: Any,
-    *, in_transaction: bool,
-) -> BatchContext:  # fmt: skip
-    work = batch.work or {}
-    return BatchContext(
-        conn=conn, users=list(batch.users), settings=settings, now=run["now"],
-        dry_run=run["mode"] == "dry_run", llm=llm, in_transaction=in_transaction,
-        work={job: set(users) for job, users in work.get("users", {}).items()},
-        picked={job: set(ids) for job, ids in work.get("ids", {}).items()},
-    )  # fmt: skip
-
-
-def _plan(ctx: BatchContext, run: dict[str, Any], batch_no: int) -> list[Action]:
-    """The batch's actions: its stored plan (an apply of a dry run) or a fresh one."""
-    if run["plan_run_id"] is not None:
-        return audit.load_planned(ctx.conn, run["plan_run_id"], batch_no)
-    return plan_batch(ctx, run["jobs"])
-
-
-def _run_batch(
-    ctx: BatchContext, run: dict[str, Any], batch_no: int, actions: list[Action]
-) -> dict[str, int]:
-    if ctx.dry_run:
-        audit.record(ctx.conn, run["id"], batch_no, actions, outcome="planned")
-        applied, drifted = actions, []
-    else:
-        outcome = execute(ctx.conn, actions, now=ctx.now, run_id=run["id"])
-        audit.record_outcome(ctx.conn, run["id"], batch_no, outcome)
-        applied, drifted = outcome.applied, outcome.drifted
-        for action in drifted:
-            ctx.job_stats(action.job).drifted += 1
-        _after_apply(ctx, run, applied)
-    _refresh(ctx, run["jobs"], {a.user_id for a in applied})
-    return {"actions": len(applied), "drifted": len(drifted)}
-
-
-def plan_batch(ctx: BatchContext, job_names: Sequence[str]) -> list[Action]:
-    """Plan every job of the run for this batch, in order, each seeing the ones before it."""
-    planned: list[Action] = []
-    for name in job_names:
-        stats = ctx.job_stats(name)
-        # planning writes no row: all a later job's candidates query can see of the jobs
-        # before it is what the batch holds in memory, and only re-assessed importance can
-        # make a row a candidate (taken rows and created records only ever remove work)
-        reassessed = {a.user_id for a in planned if a.action is Kind.SET_IMPORTANCE}
-        users = ctx.users_for(name, reassessed)
-        if not users:
-            continue
-        structlog.contextvars.bind_contextvars(job=name)
-        calls_before = _llm_calls(ctx)
-        with ctx.only(users):
-            planned += ctx.record(jobs.REGISTRY[name].plan(ctx))
-        stats.llm_calls += _llm_calls(ctx) - calls_before
-    structlog.contextvars.unbind_contextvars("job")
-    return planned
-
-
-def _spent(llm: Any, before: dict[str, int]) -> dict[str, int]:
-    return {k: v - before.get(k, 0) for k, v in llm.usage().items()}
-
-
-def _llm_calls(ctx: BatchContext) -> int:
-    return ctx.llm.usage()["calls"] if ctx.llm is not None else 0
-
-
-def _after_apply(ctx: BatchContext, run: dict[str, Any], applied: list[Action]) -> None:
-    """A job's optional ``after_apply(ctx, applied, run_id=…)``: on apply only, in the batch's
-    transaction, with every applied action of the batch (erasure: tombstones, requests)."""
-    for name in run["jobs"]:
-        hook = getattr(jobs.REGISTRY[name], "after_apply", None)
-        if hook is not None:
-            hook(ctx, applied, run_id=run["id"])
-
-
-def _refresh(ctx: BatchContext, job_names: Sequence[str], acted_on: set[str]) -> None:
-    for name in job_names:
-        refresh = getattr(jobs.REGISTRY[name], "refresh", None)
-        users = ctx.users_for(name, acted_on)
-        if refresh is not None and users:
-            with ctx.only(users):
-                ctx.job_stats(name).refreshed += refresh(ctx)
 
 
 def _users(conn: Connection, requested: tuple[str, ...] | None) -> list[str]:

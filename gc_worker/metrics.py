@@ -34,7 +34,7 @@ from prometheus_client import (
 )
 from sqlalchemy.engine import Engine
 
-from gc_worker.engine import WORKER_ID
+from gc_worker.batch_run import WORKER_ID
 from gc_worker.queries import q
 
 DURATION_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400)

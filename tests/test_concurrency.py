@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 import jobs
-from gc_worker import db
+from gc_worker import batch_run, db
 from gc_worker import engine as gc_engine
 from gc_worker.config import Settings
 from gc_worker.report import build_report
@@ -356,7 +356,7 @@ class TestTheWorkerNeverWaitsOnTheApp:
                 errors.append(exc)
 
         blocked = threading.Thread(target=app_wants_a)
-        real_after_apply = gc_engine._after_apply
+        real_after_apply = batch_run._after_apply
 
         def after_apply(ctx: Any, run_row: Any, applied: Any) -> None:
             real_after_apply(ctx, run_row, applied)
@@ -366,7 +366,7 @@ class TestTheWorkerNeverWaitsOnTheApp:
                 assert time.monotonic() < deadline, "the app never blocked on the retired row"
                 time.sleep(0.01)
 
-        monkeypatch.setattr(gc_engine, "_after_apply", after_apply)
+        monkeypatch.setattr(batch_run, "_after_apply", after_apply)
         try:
             report = run(engine, SETTINGS, jobs=["ttl_expiry", "decay"])
             blocked.join(timeout=30)
@@ -382,7 +382,7 @@ class TestTheWorkerNeverWaitsOnTheApp:
         active = [r for r in rows if r["status"] == "active" and not r["pinned"]]
         # every active row but the ones retired in the batch and b, which the app held
         assert report["jobs"]["decay"]["refreshed"] == len(active) - len(report["actions"]) - 1
-        monkeypatch.setattr(gc_engine, "_after_apply", real_after_apply)
+        monkeypatch.setattr(batch_run, "_after_apply", real_after_apply)
         run(engine, SETTINGS, jobs=["ttl_expiry", "decay"])
         assert full_snapshot(engine)[b]["decayed_confidence"] is not None
 

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from gc_worker import db
 from gc_worker import engine as gc_engine
+from gc_worker.batch_run import asks_model
 from gc_worker.config import Settings, UserCapSettings
 from gc_worker.daemon import listen_dsn
 from gc_worker.queries import q
@@ -193,10 +194,10 @@ def test_user_cap_evict_mode_does_not_ask(engine) -> None:
     """Only jobs that may call the model are planned before the transaction."""
     settings = SETTINGS.model_copy(update={"user_cap": UserCapSettings(max_memories=3)})
     run_row = {"plan_run_id": None, "jobs": ["ttl_expiry", "user_cap"]}
-    assert gc_engine.asks_model(run_row, settings, object()) is False
-    assert gc_engine.asks_model(run_row, SETTINGS, object()) is True
-    assert gc_engine.asks_model(run_row | {"plan_run_id": "x"}, SETTINGS, object()) is False
-    assert gc_engine.asks_model(run_row, SETTINGS, None) is False
+    assert asks_model(run_row, settings, object()) is False
+    assert asks_model(run_row, SETTINGS, object()) is True
+    assert asks_model(run_row | {"plan_run_id": "x"}, SETTINGS, object()) is False
+    assert asks_model(run_row, SETTINGS, None) is False
 
 
 def test_model_requests_are_a_sign_of_life_for_the_daemon(engine) -> None:

@@ -33,7 +33,7 @@ WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
 FOR UPDATE
 
 -- custom_plans --
--- Plan every statement of the batch transaction for its actual arrays (see engine.py).
+-- Plan every statement of the batch transaction for its actual arrays (see batch_run.py).
 SET LOCAL plan_cache_mode = force_custom_plan
 
 -- custom_plans_session --
