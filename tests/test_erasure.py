@@ -125,6 +125,17 @@ class TestPlanErasure:
         actions = plan_erasure([memory_request(foreign)], [a, b, c, d1, d2, foreign], lineage, [])
         assert {a.memory_id for a in actions} == {foreign.id}
 
+    def test_no_reactivation_across_users(self):
+        """A record absorbing another user's row (lineage the worker never writes) gives back
+        only its own user's sources when it is erased."""
+        merged = row(content="tea and coffee")
+        a = row(content="tea", status="merged", superseded_by=merged.id)
+        foreign = row("u2", content="coffee", status="merged", superseded_by=merged.id)
+        lineage = [(merged.id, a.id), (merged.id, foreign.id)]
+        actions = plan_erasure([memory_request(a)], [a, foreign, merged], lineage, [])
+        assert set(by(actions, Kind.SOFT_DELETE)) == {a.id, merged.id}
+        assert by(actions, Kind.RESTORE) == {}
+
     def test_sources_not_absorbed_by_the_record_stay(self):
         """A source already active, absorbed elsewhere, or erased itself is not reactivated."""
         merged, elsewhere = row(content="m"), row(content="e")
@@ -272,6 +283,35 @@ class TestErasureRun:
         visible = execute(engine, "SELECT id FROM active_memories WHERE user_id = 'u1'")
         assert visible.scalars().all() == [other]
 
+    def test_the_request_waits_for_a_source_that_drifted(self, engine, settings):
+        """forget MERGED completes only once the members it was made from are erased too: a
+        member the application changed between plan and apply keeps the request pending, and
+        the next run erases it and completes."""
+        a = add(engine, "u1", "Keeps a parrot")
+        b = add(engine, "u1", "The parrot is named Quokkaberry")
+        merged = merge(engine, "u1", [a, b], "Keeps a parrot named Quokkaberry", [1.0] + [0.0] * 7)
+        file(engine, memory_id=merged)
+        plan = run(engine, settings, dry_run=True)
+        execute(engine, "UPDATE memories SET access_count = access_count + 1 WHERE id = :b", b=b)
+        gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+        assert get(engine, merged)["status_reason"] == "erasure" and status(engine, b) == "merged"
+        assert requests(engine)[0]["status"] == "pending"
+        run(engine, settings)
+        assert get(engine, b)["status_reason"] == "erasure"
+        assert requests(engine)[0]["status"] == "completed"
+
+    def test_lineage_to_another_user_does_not_hold_the_request(self, engine, settings):
+        """A record of another user derived from a forgotten user's row (lineage the worker
+        never writes) is neither erased nor waited for: the request completes."""
+        a = add(engine, "u1", "Keeps a parrot")
+        foreign = add(engine, "u2", "Summary mentioning a parrot")
+        execute(engine, "INSERT INTO memory_lineage (derived_id, source_id) VALUES (:d, :s)",
+                d=foreign, s=a)  # fmt: skip
+        file(engine, user_id="u1")
+        run(engine, settings)
+        assert get(engine, a)["status_reason"] == "erasure" and status(engine, foreign) == "active"
+        assert requests(engine)[0]["status"] == "completed"
+
     def test_purge_waits_for_erasure_retention(self, engine, settings):
         """Erased rows are purged at exactly retention_days, not a second before."""
         m = add(engine, "u1", pinned=True)
@@ -314,12 +354,31 @@ class TestErasureRun:
         )
 
     def test_erasure_is_not_restorable(self, engine, settings):
-        """restore --run of an erasure run brings nothing back."""
+        """restore --run of an erasure run brings nothing back, and counts what it erased."""
         m = add(engine, "u1")
         file(engine, user_id="u1")
         report = run(engine, settings, jobs=["erasure"])
         result = restore.restore_run(engine, UUID(report["run_id"]))
         assert result.restored == [] and status(engine, m) == "deleted"
+        assert (result.erased, result.purged) == (1, 0)
+
+    def test_restore_counts_rows_gone_for_good_once(self, engine, settings):
+        """What a restore reports as gone for good counts rows, not actions: a purge-now
+        erasure (soft delete + purge of each row) is N purged, not N purged + N erased; a
+        member brought back by reactivation is not counted as erased."""
+        rows = [add(engine, "u1", "first"), add(engine, "u1", "second")]
+        file(engine, user_id="u1", purge_now=True)
+        purge_run = run(engine, settings, jobs=["erasure"])
+        result = restore.restore_run(engine, UUID(purge_run["run_id"]))
+        assert (result.erased, result.purged) == (0, 2)
+        assert all(get(engine, r) is None for r in rows)
+        a = add(engine, "u2", "Drinks green tea")
+        b = add(engine, "u2", "Drinks tea every morning")
+        merge(engine, "u2", [a, b], "Drinks green tea every morning", [1.0] + [0.0] * 7)
+        file(engine, memory_id=a)
+        member_run = run(engine, settings, jobs=["erasure"])
+        result = restore.restore_run(engine, UUID(member_run["run_id"]))
+        assert (result.erased, result.purged) == (2, 0)  # a and the merge; b came back
 
     def test_no_request_no_tombstone_no_action(self, engine, settings):
         """Without requests or tombstones the job plans nothing."""

@@ -97,11 +97,12 @@ WITH RECURSIVE pending AS (
     SELECT f.request_id, s.id, s.user_id
     FROM made_from f JOIN memory_lineage l ON l.derived_id = f.memory_id
          JOIN memories s ON s.id = l.source_id AND s.user_id = f.user_id
-), reach (request_id, memory_id) AS (
-    SELECT request_id, memory_id FROM made_from
+), reach (request_id, memory_id, user_id) AS (
+    SELECT request_id, memory_id, user_id FROM made_from
     UNION
-    SELECT r.request_id, l.derived_id
+    SELECT r.request_id, d.id, d.user_id
     FROM reach r JOIN memory_lineage l ON l.source_id = r.memory_id
+         JOIN memories d ON d.id = l.derived_id AND d.user_id = r.user_id  -- within the user
 ), still_open AS (
     SELECT DISTINCT r.request_id
     FROM reach r JOIN memories m ON m.id = r.memory_id

@@ -12,11 +12,21 @@ ORDER BY a.batch_no DESC, a.seq DESC
 -- run_unrestorable --
 -- What a restore of the run cannot bring back, by kind: rows it purged, rows it erased, and
 -- actions already restored by an earlier restore.
-SELECT count(*) FILTER (WHERE action = 'hard_delete' AND outcome = 'applied') AS purged,
-       count(*) FILTER (WHERE reason LIKE 'erasure%' AND action <> 'hard_delete'
-                          AND outcome = 'applied') AS erased,
-       count(*) FILTER (WHERE outcome = 'restored') AS restored_before
-FROM gc_actions WHERE run_id = :run_id
+-- Rows, not actions: an erased row also purged counts as purged only; reactivations (reason
+-- erasure_reactivated) brought rows back and are not counted.
+WITH acted AS (
+    SELECT memory_id,
+           bool_or(action = 'hard_delete' AND outcome = 'applied') AS purged,
+           bool_or(action = 'soft_delete' AND outcome = 'applied'
+                   AND reason IN ('erasure', 'erasure_tombstone')) AS erased,
+           bool_or(outcome = 'restored') AS restored
+    FROM gc_actions WHERE run_id = :run_id
+    GROUP BY memory_id
+)
+SELECT count(*) FILTER (WHERE purged) AS purged,
+       count(*) FILTER (WHERE erased AND NOT purged) AS erased,
+       count(*) FILTER (WHERE restored) AS restored_before
+FROM acted
 
 -- latest_action_for_memory --
 -- The worker's most recent applied restorable action on one memory.
