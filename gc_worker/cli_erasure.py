@@ -67,6 +67,13 @@ def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
         engine, ctx.settings, now=parse_now(args.now), purge_now=args.purge_now, **target
     )
     what = f"user {request.user_id}" if request.kind == "user" else f"memory {request.memory_id}"
+    if request.status == "completed" and request.created:  # no rows left: traces scrubbed
+        print(
+            f"erasure request {request.id} for {what}: no memories left; what the worker "
+            f"kept about them was removed at once. `memory-gc verify-erasure "
+            f"{_verify_arg(request)}` checks for residues"
+        )
+        return 0
     if request.status == "completed":
         asked = target.get("user_id") or target.get("memory_id")
         print(

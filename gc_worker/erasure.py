@@ -19,7 +19,7 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -85,6 +85,9 @@ def file_request(
         kind, user_id = "memory", owner.user_id
     else:
         known = conn.execute(q("known_users"), {"users": [user_id]}).first()
+        traces = {"user_id": user_id, "keep_details": list(KEEP_DETAILS)}
+        if known is None and conn.execute(q("erasure_user_traces"), traces).scalar():
+            return _forget_traces(conn, user_id, purge_now, requested_by)
         if known is None:
             return _already_erased(
                 conn, user_id, None,
@@ -95,6 +98,29 @@ def file_request(
               "purge_now": purge_now, "requested_by": requested_by}  # fmt: skip
     row = conn.execute(q("erasure_file_request"), params).mappings().one()
     return FiledRequest(**row)
+
+
+def _forget_traces(
+    conn: Connection, user_id: str, purge_now: bool, requested_by: str
+) -> FiledRequest:
+    """A user with no memory rows left (the application deleted them) whom the worker's tables
+    still know (audit previews, plans, cached decisions, reviews): no run would ever visit them,
+    so the request is filed, the tables scrubbed and the request completed here, at once."""
+    params = {"kind": "user", "user_id": user_id, "memory_id": None,
+              "purge_now": purge_now, "requested_by": requested_by}  # fmt: skip
+    filed = conn.execute(q("erasure_file_request"), params).mappings().one()
+    scrub(conn, [], users=[user_id], whole_users=[user_id])
+    now = datetime.now(UTC)
+    done = (
+        conn.execute(
+            q("erasure_complete_at_once"),
+            {"id": filed["id"], "now": now, "empty_result": json.dumps(EMPTY_RESULT)},
+        )
+        .mappings()
+        .one()
+    )
+    log.info("erasure.traces_scrubbed", user_id=user_id, request_id=str(filed["id"]))
+    return FiledRequest(**done, created=True)
 
 
 def _already_erased(
@@ -249,4 +275,7 @@ def scrub(
         "gc_actions": len(conn.execute(q("erasure_scrub_actions"), params).all()),
         "gc_llm_cache": len(conn.execute(q("erasure_drop_llm_cache"), dropped).all()),
         "gc_review_items": len(conn.execute(q("erasure_drop_reviews"), dropped).all()),
+        "gc_sweep_requests": len(
+            conn.execute(q("erasure_scrub_sweep_errors"), {"whole_users": list(whole_users)}).all()
+        ),
     }

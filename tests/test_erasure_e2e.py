@@ -296,3 +296,27 @@ class TestForgetAfterTheRealJobs:
             ))  # fmt: skip
         found = verify(engine, now=NOW, user_id="u1").residues
         assert [(r.table, r.row, r.match) for r in found] == [("gc_llm_cache", "old", "user")]
+
+    def test_a_user_whose_rows_are_all_gone_is_still_forgotten(
+        self, engine, settings, cli_env, capsys
+    ):
+        """The application deleted every row of the user, then asks to forget them: no run
+        would ever visit a user without rows, so `forget-user` scrubs what the worker kept
+        (a stored plan's previews and merged record, cached decisions) and completes at once
+        (it used to refuse: "no memories for user")."""
+        from tests.fake_model import FakeModel, fake_port
+        from tests.test_compaction import E0, at_similarity
+
+        add(engine, "u1", "Keeps a parrot named Quokkaberry", embedding=E0)
+        add(engine, "u1", "Has a pet parrot called Quokkaberry", embedding=at_similarity(0.95))
+        with fake_port(engine, settings, FakeModel("good")) as llm:
+            run(engine, settings, dry_run=True, llm=llm)
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM memories WHERE user_id = 'u1'"))
+        assert full_text_scan(engine, ["quokkaberry"])
+        assert main(["forget-user", "u1"]) == 0
+        assert "no memories left" in capsys.readouterr().out
+        assert full_text_scan(engine, ["quokkaberry"]) == []
+        assert requests(engine)[0]["status"] == "completed"
+        assert verify(engine, now=NOW, user_id="u1").residues == []
+        assert main(["forget-user", "nobody-at-all"]) == 2  # no rows, no traces: unknown

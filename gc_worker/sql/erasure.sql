@@ -207,3 +207,34 @@ SELECT 'gc_actions', 'details', CAST(a.id AS text)
 FROM gc_actions a, done
 WHERE a.user_id = :user_id AND a.recorded_at <= done.at
   AND (a.content_preview IS NOT NULL OR NOT (a.details ? 'scrubbed'))
+
+-- erasure_user_traces --
+-- Whether the worker's own tables still hold anything a whole-user scrub would remove (for a
+-- user who may have no memory rows left: the application deleted them): an audit row with a
+-- preview or details beyond ids and codes, a cached decision, a review item, a sweep error.
+SELECT EXISTS (SELECT 1 FROM gc_actions a
+               WHERE a.user_id = :user_id
+                 AND (a.content_preview IS NOT NULL
+                      OR (jsonb_typeof(a.details) = 'object'
+                          AND EXISTS (SELECT 1 FROM jsonb_object_keys(a.details) AS k
+                                      WHERE k <> ALL(:keep_details) AND k <> 'scrubbed'))))
+    OR EXISTS (SELECT 1 FROM gc_llm_cache WHERE user_id = :user_id)
+    OR EXISTS (SELECT 1 FROM gc_review_items WHERE user_id = :user_id)
+    OR EXISTS (SELECT 1 FROM gc_sweep_requests
+               WHERE user_id = :user_id AND error IS NOT NULL AND error <> 'removed by erasure')
+
+-- erasure_complete_at_once --
+-- Complete a user request that has no memory rows to erase: only the worker's tables held
+-- anything, and they were scrubbed in this transaction.
+UPDATE gc_erasure_requests
+SET status = 'completed', completed_at = :now,
+    result = result || CAST(:empty_result AS jsonb)
+             || jsonb_build_object('scrubbed_at', clock_timestamp())
+WHERE id = :id AND status = 'pending'
+RETURNING id, kind, user_id, memory_id, status, purge_now, requested_at
+
+-- erasure_scrub_sweep_errors --
+-- A forgotten user's failed sweep requests keep their status, not their error text.
+UPDATE gc_sweep_requests SET error = 'removed by erasure'
+WHERE user_id = ANY(:whole_users) AND error IS NOT NULL AND error <> 'removed by erasure'
+RETURNING id
