@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import structlog
 from sqlalchemy.engine import Connection, Engine
 
-from gc_worker.db import LOCK_NOT_AVAILABLE, translated_errors
+from gc_worker.db import LOCK_NOT_AVAILABLE, describe_error, translated_errors
 from gc_worker.queries import q
 
 log = structlog.get_logger(__name__)
@@ -58,7 +58,7 @@ class Claim:
         try:
             self.conn.execute(q("note_unapplied_llm"), params)
         except Exception as exc:  # the session may be what failed: the report then misses them
-            log.warning("gc.llm_usage_unrecorded", error=str(exc), **spent)
+            log.warning("gc.llm_usage_unrecorded", error=describe_error(exc), **spent)
 
 
 @contextlib.contextmanager
@@ -79,7 +79,7 @@ def claimed(
                 claim = None  # asked to stop while waiting: the batch stays pending
             yield claim
         finally:
-            _release(conn, ("reset_session", {}), ("unlock_claim", {}))
+            _release(conn, ("reset_session", {}), ("reset_lock_timeout", {}), ("unlock_claim", {}))
 
 
 def _lock_users(conn: Connection, users: list[str], should_stop: Callable[[], bool] | None) -> bool:

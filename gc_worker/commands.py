@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -96,16 +98,8 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
 def cmd_apply(args: argparse.Namespace, ctx: Context) -> int:
     for path in args.report or []:
         _check_report_path(path)
-    from uuid import uuid4
-
-    from gc_worker.claims import participating
-
     engine = ctx.engine()
-    new_id = uuid4()
-    # participate in the apply run before it exists: a second `apply` of the plan started
-    # meanwhile is told it is being applied right now, instead of taking the run up as stopped
-    with participating(engine, new_id):
-        run_id = gc_engine.start_apply(engine, parse_uuid(args.run_id, "run id"), run_id=new_id)
+    with gc_engine.applying(engine, parse_uuid(args.run_id, "run id")) as run_id:
         with engine.connect() as conn:
             settings = gc_engine.settings_of(gc_engine.load_run(conn, run_id))
         _process(engine, run_id, ctx, settings=settings)
@@ -150,18 +144,23 @@ def _check_report_path(path: Path, option: str = "--report") -> None:
     if path.is_dir():
         example = path / "report.json"
         raise UsageError(f"{option} {path} is a directory; name a file, e.g. {example}")
-    existed = path.exists()
+    # probe without side effects: a temporary file in the nearest existing folder (the report's
+    # own folders are created when it is written), and the file itself if it exists
+    folder = path.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8"):
+        if not folder.is_dir():
+            raise NotADirectoryError(f"{folder} is not a folder")
+        with tempfile.TemporaryFile(dir=folder):
             pass
+        if path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError("the file is not writable")
     except OSError as exc:
         raise UsageError(
             f"{option} {path} cannot be written ({exc.strerror or exc}); "
             "choose a writable place (nothing was run)"
         ) from None
-    if not existed:
-        path.unlink(missing_ok=True)
 
 
 def summary_line(report: dict[str, Any]) -> str:

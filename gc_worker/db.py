@@ -117,7 +117,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     # model's merged text) into gc_runs.error, sweep requests and logs, beyond any erasure
     try:
         engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True, **kwargs)
-    except (sa.exc.ArgumentError, ImportError) as exc:  # not a URL; a driver not installed
+    except (sa.exc.ArgumentError, ImportError, ValueError) as exc:  # not a URL (or its port);
+        # a driver not installed
         raise ConfigError(
             f"MEMORY_GC_DATABASE_URL ({_redact(url)}) is not a usable PostgreSQL URL ({exc}); "
             "use e.g. postgresql+psycopg://user:password@host:5432/dbname"
@@ -183,7 +184,7 @@ def translated_errors() -> Iterator[None]:
                 f"{str(exc.orig).splitlines()[0]}); it was rolled back whole and is safe to retry"
             ) from None
         raise DatabaseUnavailable(
-            f"the database connection failed mid-transaction: {exc.orig}"
+            f"the database connection failed mid-transaction: {describe_error(exc)}"
         ) from None
 
 

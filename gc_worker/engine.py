@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -136,6 +136,16 @@ def start_apply(
             raise UsageError(f"run {plan_run_id} is already being applied; see `memory-gc report`")
         conn.execute(q("copy_batches"), {"run_id": run_id, "plan_run_id": plan_run_id})
     return run_id
+
+
+@contextlib.contextmanager
+def applying(engine: Engine, plan_run_id: UUID, *, trigger: str = "cli") -> Iterator[UUID]:
+    """``start_apply``, participating in the new apply run from before it exists until the
+    block ends: a second apply of the plan started meanwhile is refused as being applied right
+    now, instead of taking the new run up as stopped."""
+    new_id = uuid4()
+    with participating(engine, new_id):
+        yield start_apply(engine, plan_run_id, trigger=trigger, run_id=new_id)
 
 
 def _resume_apply(conn: Connection, plan: dict[str, Any]) -> UUID:
@@ -295,8 +305,8 @@ def apply_plan(
     on_batch: Callable[[int], None] | None = None,
 ) -> UUID:
     """Apply a stored dry-run plan exactly, with the settings it was planned with."""
-    run_id = start_apply(engine, plan_run_id)
-    with engine.connect() as conn:
-        settings = settings_of(load_run(conn, run_id))
-    process_run(engine, run_id, settings, llm=llm, on_batch=on_batch)
+    with applying(engine, plan_run_id) as run_id:
+        with engine.connect() as conn:
+            settings = settings_of(load_run(conn, run_id))
+        process_run(engine, run_id, settings, llm=llm, on_batch=on_batch)
     return run_id

@@ -287,6 +287,14 @@ def banner(report: Report) -> tuple[str, str, str]:
         )
     if report.get("mode") == "restore":
         return "applied", "Restore run.", "It put back what is listed; it cannot itself be undone."
+    if report.get("trigger") == "erasure":
+        return "applied", "Erasure run.", "What it erased is never undone."
+    if status == "running":
+        return (
+            "incomplete",
+            "Running.",
+            "A process is working this run; render it again later.",
+        )
     if status != "completed":
         finish = f"; `memory-gc apply {plan}` finishes it" if plan else ""
         return (

@@ -228,6 +228,7 @@ class TestBadInput:
         [
             ({"MEMORY_GC_DATABASE_URL": "notaurl"}, "not a usable PostgreSQL URL"),
             ({"MEMORY_GC_DATABASE_URL": "mysql://x@y/z"}, "not a usable PostgreSQL URL"),
+            ({"MEMORY_GC_DATABASE_URL": "postgresql://u:p@h:abc/db"}, "not a usable PostgreSQL"),
             ({"MEMORY_GC_DATABASE_URL": "sqlite:///x.db"}, "names a sqlite database"),
             ({"MEMORY_GC_DATA_DIR": "/proc/no-such-dir"}, "MEMORY_GC_DATA_DIR"),
             ({"MEMORY_GC_CONFIG": "/tmp"}, "cannot be read"),
@@ -250,6 +251,16 @@ class TestBadInput:
     def test_config_named_by_the_option_is_named_in_the_error(self, capsys, tmp_path):
         assert main(["--config", str(tmp_path / "none.toml"), "runs"]) == 2
         assert "fix --config" in capsys.readouterr().err
+
+    def test_a_refused_command_leaves_no_folder_behind(self, engine, cli_env, tmp_path):
+        """Checking a report path creates nothing: a command refused for another reason
+        leaves no folders (the report's folders are made when it is written)."""
+        seeded(engine)
+        target = tmp_path / "new" / "deeper" / "r.json"
+        assert main(["run", "--report", str(target), "--now", "yesterday"]) == 2
+        assert not (tmp_path / "new").exists()
+        assert main(["run", "--report", str(target), "--now", NOW_ARG]) == 0
+        assert target.is_file()
 
     def test_unreachable_database_exits_1(self, monkeypatch, capsys):
         """A database that cannot be reached is a runtime failure (exit 1) with what to check."""

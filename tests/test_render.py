@@ -189,6 +189,9 @@ class TestBanner:
             ({"mode": "apply", "run_id": "r1", "status": "failed"}, "incomplete", "failed",
              "restore --run r1"),
             ({"mode": "restore"}, "applied", "Restore run.", None),
+            ({"mode": "apply", "trigger": "erasure"}, "applied", "never undone", None),
+            ({"mode": "apply", "status": "running", "plan_run_id": "p1"}, "incomplete",
+             "A process is working", None),
         ],
     )  # fmt: skip
     def test_banner(self, report, changes, kind, says, suggests) -> None:
