@@ -105,22 +105,31 @@ def start_run(
 
 
 def start_apply(
-    engine: Engine, plan_run_id: UUID, *, trigger: str = "cli", run_id: UUID | None = None
+    engine: Engine,
+    plan_run_id: UUID,
+    *,
+    trigger: str = "cli",
+    participate: Callable[[UUID], None] | None = None,
 ) -> UUID:
-    """Record an apply run of a completed dry run (refused if it was already applied), with
-    ``run_id`` if given (a caller that already participates in that id leaves no moment in
-    which another process could take the new run up as stopped).
+    """Record an apply run of a completed dry run (refused if it was already applied).
 
     If an earlier apply of the same plan stopped before its end (the process was killed, or a
     batch failed) and nobody is working it, that apply run is taken up again instead: its
     committed batches stay, its pending ones are applied, as if it had never stopped.
+
+    ``participate(run_id)``, if given, is called before the new (or resumed) run is committed
+    and must make this process a participant of it (``applying``): no other process can then
+    take the run up as stopped in the moment before this one starts working it.
     """
     with transaction(engine) as conn:
+        conn.execute(q("lock_run_row"), {"run_id": plan_run_id})  # one starter at a time
         plan = load_run(conn, plan_run_id)
         if plan["mode"] == "dry_run" and plan["applied_by"] is not None:
-            return _resume_apply(conn, plan)
+            return _resume_apply(conn, plan, participate)
         _check_plan(plan)
-        run_id = run_id or uuid4()
+        run_id = uuid4()
+        if participate is not None:
+            participate(run_id)
         row = {
             "id": run_id, "mode": "apply", "trigger": trigger, "now": plan["now"],
             "users": plan["users"], "jobs": plan["jobs"], "plan_run_id": plan_run_id,
@@ -140,15 +149,20 @@ def start_apply(
 
 @contextlib.contextmanager
 def applying(engine: Engine, plan_run_id: UUID, *, trigger: str = "cli") -> Iterator[UUID]:
-    """``start_apply``, participating in the new apply run from before it exists until the
-    block ends: a second apply of the plan started meanwhile is refused as being applied right
-    now, instead of taking the new run up as stopped."""
-    new_id = uuid4()
-    with participating(engine, new_id):
-        yield start_apply(engine, plan_run_id, trigger=trigger, run_id=new_id)
+    """``start_apply``, participating in the apply run (new or taken up) from before it is
+    committed until the block ends: a second apply of the plan started meanwhile is refused as
+    being applied right now, instead of taking the run up as stopped."""
+    with contextlib.ExitStack() as held:
+
+        def participate(run_id: UUID) -> None:
+            held.enter_context(participating(engine, run_id))
+
+        yield start_apply(engine, plan_run_id, trigger=trigger, participate=participate)
 
 
-def _resume_apply(conn: Connection, plan: dict[str, Any]) -> UUID:
+def _resume_apply(
+    conn: Connection, plan: dict[str, Any], participate: Callable[[UUID], None] | None
+) -> UUID:
     apply_id = plan["applied_by"]
     status = load_run(conn, apply_id)["status"]
     if status not in ("running", "failed"):
@@ -158,6 +172,8 @@ def _resume_apply(conn: Connection, plan: dict[str, Any]) -> UUID:
             f"run {plan['id']} is being applied by run {apply_id} right now; see `memory-gc report`"
         )
     conn.execute(q("unlock_run_exclusive"), {"run_id": apply_id})
+    if participate is not None:  # before the commit: the plan's row lock keeps others waiting
+        participate(apply_id)
     conn.execute(q("resume_run"), {"run_id": apply_id})
     log.info("gc.apply_resumed", run_id=str(apply_id), plan_run_id=str(plan["id"]), was=status)
     return apply_id

@@ -73,6 +73,31 @@ class TestHappyPath:
         assert second == [2] and "right now" in err
         assert "soft_delete 1" in out
 
+    def test_a_second_apply_is_refused_while_a_stopped_apply_is_taken_up(
+        self, engine, cli_env, capsys, monkeypatch
+    ):
+        """The same, when the first command takes up an apply run that was stopped (killed):
+        the second is refused while the first works it, and the first completes it."""
+        from gc_worker import engine as gc_engine
+
+        expired = seeded(engine)
+        assert main(["run", "--dry-run", "--now", NOW_ARG]) == 0
+        plan_id = run_id_from(capsys.readouterr().out)
+        stopped = gc_engine.start_apply(engine, UUID(plan_id))  # then "killed"
+        second: list[int] = []
+        real = gc_engine.process_run
+
+        def first_worker(*args, **kwargs):
+            if not second:
+                second.append(main(["apply", plan_id]))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(gc_engine, "process_run", first_worker)
+        assert main(["apply", plan_id]) == 0
+        out, err = capsys.readouterr()
+        assert second == [2] and "right now" in err
+        assert f"run {stopped} (apply, completed)" in out and status(engine, expired) == "deleted"
+
     def test_restore_says_what_it_cannot_bring_back_and_refuses_twice(
         self, engine, cli_env, capsys
     ):

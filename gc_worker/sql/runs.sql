@@ -74,6 +74,11 @@ RETURNING id
 UPDATE gc_runs SET status = 'failed', finished_at = clock_timestamp(), error = :error
 WHERE id = :run_id AND status = 'running'
 
+-- lock_run_row --
+-- Hold a run's row for the transaction: starting or taking up the apply of a plan is one
+-- process at a time.
+SELECT id FROM gc_runs WHERE id = :run_id FOR UPDATE
+
 -- resume_run --
 -- Take up a stopped run again (killed, or failed in a batch): its pending batches get worked.
 UPDATE gc_runs SET status = 'running', finished_at = NULL, error = NULL
