@@ -47,18 +47,21 @@ class TestHappyPath:
         assert "1 restored" in capsys.readouterr().out
         assert status(engine, expired) == "active"
 
+    @pytest.mark.parametrize("first_apply", ["new", "taking up a stopped one"])
     def test_a_second_apply_started_meanwhile_is_refused(
-        self, engine, cli_env, capsys, monkeypatch
+        self, engine, cli_env, capsys, monkeypatch, first_apply
     ):
         """Two `apply PLAN` at once: the second is told the plan is being applied right now
-        (exit 2), even when it starts in the moment after the first recorded its apply run and
-        before its batches began (it used to take the new run up as stopped and print "nothing
-        to do")."""
+        (exit 2), even when it starts in the moment after the first recorded (or took up) its
+        apply run and before its batches began — it used to take the run up as stopped and
+        print "nothing to do". The first completes the run."""
         from gc_worker import engine as gc_engine
 
-        seeded(engine)
+        expired = seeded(engine)
         assert main(["run", "--dry-run", "--now", NOW_ARG]) == 0
         plan_id = run_id_from(capsys.readouterr().out)
+        if first_apply != "new":
+            gc_engine.start_apply(engine, UUID(plan_id))  # an apply run, then "killed"
         second: list[int] = []
         real = gc_engine.process_run
 
@@ -71,32 +74,7 @@ class TestHappyPath:
         assert main(["apply", plan_id]) == 0
         out, err = capsys.readouterr()
         assert second == [2] and "right now" in err
-        assert "soft_delete 1" in out
-
-    def test_a_second_apply_is_refused_while_a_stopped_apply_is_taken_up(
-        self, engine, cli_env, capsys, monkeypatch
-    ):
-        """The same, when the first command takes up an apply run that was stopped (killed):
-        the second is refused while the first works it, and the first completes it."""
-        from gc_worker import engine as gc_engine
-
-        expired = seeded(engine)
-        assert main(["run", "--dry-run", "--now", NOW_ARG]) == 0
-        plan_id = run_id_from(capsys.readouterr().out)
-        stopped = gc_engine.start_apply(engine, UUID(plan_id))  # then "killed"
-        second: list[int] = []
-        real = gc_engine.process_run
-
-        def first_worker(*args, **kwargs):
-            if not second:
-                second.append(main(["apply", plan_id]))
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(gc_engine, "process_run", first_worker)
-        assert main(["apply", plan_id]) == 0
-        out, err = capsys.readouterr()
-        assert second == [2] and "right now" in err
-        assert f"run {stopped} (apply, completed)" in out and status(engine, expired) == "deleted"
+        assert "(apply, completed)" in out and status(engine, expired) == "deleted"
 
     def test_restore_says_what_it_cannot_bring_back_and_refuses_twice(
         self, engine, cli_env, capsys

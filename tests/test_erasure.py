@@ -37,6 +37,18 @@ def memory_request(memory, purge_now=False):
     return Request(uuid4(), "memory", memory.user_id, memory.id, purge_now)
 
 
+def two_levels():
+    """d2 summarises d1 (a merge of a and b) and c: (a, b, c, d1, d2, lineage)."""
+    d1, d2 = row(content="d1"), row(content="d2")
+    a = row(content="a", status="merged", superseded_by=d1.id)
+    b = row(content="b", status="merged", superseded_by=d1.id)
+    d1.status, d1.superseded_by = "deleted", d2.id
+    c = row(content="c", status="deleted", status_reason="over_cap_summarized",
+            superseded_by=d2.id)  # fmt: skip
+    lineage = [(d1.id, a.id), (d1.id, b.id), (d2.id, d1.id), (d2.id, c.id)]
+    return a, b, c, d1, d2, lineage
+
+
 def by(actions, kind):
     return {a.memory_id: a for a in actions if a.action is kind}
 
@@ -87,13 +99,7 @@ class TestPlanErasure:
 
     def test_propagation_is_transitive(self):
         """A summary of a merge of an erased row goes; rows absorbed at each level come back."""
-        d1, d2 = row(content="d1"), row(content="d2")
-        a = row(content="a", status="merged", superseded_by=d1.id)
-        b = row(content="b", status="merged", superseded_by=d1.id)
-        d1.status, d1.superseded_by = "deleted", d2.id
-        c = row(content="c", status="deleted", status_reason="over_cap_summarized",
-                superseded_by=d2.id)  # fmt: skip
-        lineage = [(d1.id, a.id), (d1.id, b.id), (d2.id, d1.id), (d2.id, c.id)]
+        a, b, c, d1, d2, lineage = two_levels()
         actions = plan_erasure([memory_request(a)], [a, b, c, d1, d2], lineage, [])
         assert set(by(actions, Kind.SOFT_DELETE)) == {a.id, d1.id, d2.id}
         assert set(by(actions, Kind.RESTORE)) == {b.id, c.id}
@@ -102,15 +108,9 @@ class TestPlanErasure:
         """A forgotten summary of a merge takes the merge and every row under it (they hold its
         facts): nothing comes back. A record derived from one of them goes too, and only then
         are its other sources reactivated."""
-        d1, d2 = row(content="d1"), row(content="d2")
-        a = row(content="a", status="merged", superseded_by=d1.id)
-        b = row(content="b", status="merged", superseded_by=d1.id)
-        d1.status, d1.superseded_by = "deleted", d2.id
-        c = row(content="c", status="deleted", status_reason="over_cap_summarized",
-                superseded_by=d2.id)  # fmt: skip
+        a, b, c, d1, d2, lineage = two_levels()
         foreign = row("u2", content="f", status="merged", superseded_by=d1.id)
-        lineage = [(d1.id, a.id), (d1.id, b.id), (d2.id, d1.id), (d2.id, c.id),
-                   (d1.id, foreign.id)]  # fmt: skip
+        lineage.append((d1.id, foreign.id))
         actions = plan_erasure([memory_request(d2)], [a, b, c, d1, d2, foreign], lineage, [])
         deletes = by(actions, Kind.SOFT_DELETE)
         assert set(deletes) == {d2.id, d1.id, a.id, b.id, c.id}  # never the other user's row
