@@ -150,12 +150,14 @@ def _check_report_path(path: Path, option: str = "--report") -> None:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     try:
-        if not folder.is_dir():
+        if path.exists():  # an existing file is rewritten in place: only it must be writable
+            if not os.access(path, os.W_OK):
+                raise PermissionError("the file is not writable")
+        elif not folder.is_dir():
             raise NotADirectoryError(f"{folder} is not a folder")
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-        if path.exists() and not os.access(path, os.W_OK):
-            raise PermissionError("the file is not writable")
+        else:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
     except OSError as exc:
         raise UsageError(
             f"{option} {path} cannot be written ({exc.strerror or exc}); "

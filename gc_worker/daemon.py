@@ -145,10 +145,10 @@ class Daemon:
         for plan_id in scheduler.due_plans(self.engine, self.clock(), delay):
             if self.stopping():
                 break
-            apply_id = scheduler.apply_run_of(self.engine, plan_id)
-            if apply_id is not None:
-                self.work(apply_id)
-                applied.append(apply_id)
+            with scheduler.apply_run_of(self.engine, plan_id) as apply_id:
+                if apply_id is not None:
+                    self.work(apply_id)
+                    applied.append(apply_id)
         return applied
 
     def resume_orphans(self) -> list[UUID]:

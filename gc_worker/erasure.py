@@ -85,6 +85,12 @@ def file_request(
         kind, user_id = "memory", owner.user_id
     else:
         known = conn.execute(q("known_users"), {"users": [user_id]}).first()
+        if known is None:
+            # a batch of this user may still be planning (asking the model) from rows read
+            # before the application deleted them: wait for it, so that what it writes is
+            # scrubbed too, then look again
+            conn.execute(q("lock_user_xact"), {"user_id": user_id})
+            known = conn.execute(q("known_users"), {"users": [user_id]}).first()
         traces = {"user_id": user_id, "keep_details": list(KEEP_DETAILS)}
         if known is None and conn.execute(q("erasure_user_traces"), traces).scalar():
             return _forget_traces(conn, user_id, purge_now, requested_by)

@@ -288,6 +288,15 @@ def banner(report: Report) -> tuple[str, str, str]:
     if report.get("mode") == "restore":
         return "applied", "Restore run.", "It put back what is listed; it cannot itself be undone."
     if report.get("trigger") == "erasure":
+        if status != "completed":
+            return (
+                "incomplete",
+                f"Erasure run — {status}.",
+                (
+                    "What it erased stays erased; the request stays pending and the next run "
+                    "finishes it."
+                ),
+            )
         return "applied", "Erasure run.", "What it erased is never undone."
     if status == "running":
         return (

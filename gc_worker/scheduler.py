@@ -17,7 +17,9 @@ Decisions here take the clock as a parameter; gc_worker.daemon supplies it.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -28,7 +30,7 @@ from sqlalchemy.engine import Engine
 
 from gc_worker.config import ScheduleSettings, Settings
 from gc_worker.db import transaction
-from gc_worker.engine import RunRequest, load_run, resolve_jobs, start_apply, start_run
+from gc_worker.engine import RunRequest, applying, load_run, resolve_jobs, start_run
 from gc_worker.errors import ConfigError, UsageError
 from gc_worker.queries import q
 
@@ -136,13 +138,18 @@ def due_plans(engine: Engine, now: datetime, delay_minutes: float) -> list[UUID]
         return list(conn.execute(q("due_plans"), {"cutoff": cutoff}).scalars())
 
 
-def apply_run_of(engine: Engine, plan_run_id: UUID) -> UUID | None:
-    """Start the apply run of a due plan, or the one another replica started (None: rejected)."""
-    try:
-        return start_apply(engine, plan_run_id, trigger=APPLY_TRIGGER)
-    except UsageError:
-        with engine.connect() as conn:
-            return load_run(conn, plan_run_id)["applied_by"]
+@contextlib.contextmanager
+def apply_run_of(engine: Engine, plan_run_id: UUID) -> Iterator[UUID | None]:
+    """For the block: the apply run of a due plan, started (or taken up) by this process, which
+    participates in it from before its commit (``applying``); or the one another replica is
+    working, to join; None if the plan was rejected."""
+    with contextlib.ExitStack() as held:
+        try:
+            run_id = held.enter_context(applying(engine, plan_run_id, trigger=APPLY_TRIGGER))
+        except UsageError:
+            with engine.connect() as conn:
+                run_id = load_run(conn, plan_run_id)["applied_by"]
+        yield run_id
 
 
 def reject_plan(engine: Engine, run_id: UUID, *, who: str = "cli") -> None:

@@ -320,3 +320,19 @@ class TestForgetAfterTheRealJobs:
         assert requests(engine)[0]["status"] == "completed"
         assert verify(engine, now=NOW, user_id="u1").residues == []
         assert main(["forget-user", "nobody-at-all"]) == 2  # no rows, no traces: unknown
+
+    @pytest.mark.parametrize("rows_left", [True, False])
+    def test_sweep_errors_of_a_forgotten_user_are_cleared(self, engine, settings, rows_left):
+        """A failed sweep request's error text (which once quoted driver messages) is cleared
+        by forget-user, whether the user still has rows or only such traces are left."""
+        if rows_left:
+            add(engine, "u1", "Keeps a parrot named Quokkaberry")
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO gc_sweep_requests (user_id, status, error)"
+                " VALUES ('u1', 'failed', 'DataError: … Quokkaberry …')"
+            ))  # fmt: skip
+        request, _ = erasure.forget(engine, settings, now=NOW, user_id="u1", purge_now=True)
+        assert request.status == "completed" or requests(engine)[0]["status"] == "completed"
+        assert full_text_scan(engine, ["quokkaberry"]) == []
+        assert count(engine, "SELECT count(*) FROM gc_sweep_requests WHERE status = 'failed'") == 1

@@ -318,3 +318,39 @@ def test_a_stop_while_waiting_for_a_users_lock_gives_the_batch_up(engine) -> Non
     assert execute(engine, "SELECT count(*) FROM gc_actions").scalar() == 0
     assert gc_engine.process_run(engine, run_id, SETTINGS) is True
     assert [status(engine, i) for i in ids] == ["deleted", "deleted"]
+
+
+def test_forget_user_waits_for_a_batch_still_asking_the_model(engine) -> None:
+    """The application deletes a user's rows and asks to forget them while a batch of that
+    user is still planning (asking the model) from rows it read before: forget-user waits for
+    the batch (the user's lock), so what the batch writes — drifted actions with previews,
+    cached decisions — is scrubbed too (it used to complete at once, and the batch's writes
+    stayed)."""
+    from gc_worker import erasure
+    from tests.test_erasure_helpers import full_text_scan
+
+    seed(engine)
+    forgetting: list[threading.Thread] = []
+    waited: list[bool] = []
+
+    def app_forgets(_: Any) -> None:
+        if forgetting:
+            return
+        execute(engine, "DELETE FROM memories WHERE user_id = 'u1'")
+        thread = threading.Thread(
+            target=erasure.forget, args=(engine, SETTINGS), kwargs={"now": NOW, "user_id": "u1"}
+        )
+        forgetting.append(thread)
+        thread.start()
+        time.sleep(1.0)
+        waited.append(thread.is_alive())  # blocked on the user's lock, not done
+
+    request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("importance", "compaction"))
+    run_id = gc_engine.start_run(engine, SETTINGS, request)
+    with fake_port(engine, SETTINGS, Watching(app_forgets)) as llm:
+        gc_engine.process_run(engine, run_id, SETTINGS, llm=llm)
+    forgetting[0].join(30)
+    assert waited == [True]
+    done = execute(engine, "SELECT status FROM gc_erasure_requests WHERE user_id = 'u1'")
+    assert done.scalars().all() == ["completed"]
+    assert full_text_scan(engine, ["green tea", "fact number"]) == []

@@ -190,6 +190,8 @@ class TestBanner:
              "restore --run r1"),
             ({"mode": "restore"}, "applied", "Restore run.", None),
             ({"mode": "apply", "trigger": "erasure"}, "applied", "never undone", None),
+            ({"mode": "apply", "trigger": "erasure", "status": "failed"}, "incomplete",
+             "request stays pending", None),
             ({"mode": "apply", "status": "running", "plan_run_id": "p1"}, "incomplete",
              "A process is working", None),
         ],

@@ -238,3 +238,8 @@ RETURNING id, kind, user_id, memory_id, status, purge_now, requested_at
 UPDATE gc_sweep_requests SET error = 'removed by erasure'
 WHERE user_id = ANY(:whole_users) AND error IS NOT NULL AND error <> 'removed by erasure'
 RETURNING id
+
+-- lock_user_xact --
+-- Wait for any batch holding this user (lock_batch_users, same key) and keep the user for the
+-- rest of this transaction.
+SELECT pg_advisory_xact_lock(4242001, hashtext(:user_id))
