@@ -325,11 +325,14 @@ def test_a_failure_is_recorded_without_the_rows_content(engine, settings, capsys
     assert "memory-gc: database error: CheckViolation" in err and "Quokkaberry" not in err
 
 
-def test_a_disabled_job_named_by_hand_runs_with_a_warning(capsys):
+def test_a_disabled_job_named_by_hand_runs_with_a_warning():
     """`--job decay` with `[decay] enabled = false` runs decay (the operator named it) and says
     that the configuration disables it; without --job a disabled job does not run."""
+    from structlog.testing import capture_logs
+
     settings = Settings.model_validate({"decay": {"enabled": False}})
-    assert gc_engine.resolve_jobs(["decay"], settings) == ("decay",)
-    assert "gc.disabled_job_requested" in "".join(capsys.readouterr())
-    assert "decay" not in gc_engine.resolve_jobs([], settings)
-    assert "gc.disabled_job_requested" not in "".join(capsys.readouterr())
+    with capture_logs() as logs:
+        assert gc_engine.resolve_jobs(["decay"], settings) == ("decay",)
+        assert "decay" not in gc_engine.resolve_jobs([], settings)
+    warned = [e for e in logs if e["event"] == "gc.disabled_job_requested"]
+    assert [(e["job"], e["log_level"]) for e in warned] == [("decay", "warning")]
