@@ -15,14 +15,18 @@ batch. Rows whose embedding is unusable (wrong size, zero, non-finite) are count
 ``skipped``. Groups never span two users or two slots (jobs.similarity.complete_linkage_groups).
 
 Per group:
-- exact duplicates (same normalised text, no near-miss reason between any two members) merge
-  deterministically, online or offline: the earliest member's text, its embedding copied
-  (reason ``exact_duplicates``);
+- members that differ in a fact that matters (``jobs.similarity.near_miss_reasons``: number,
+  date, negation, direction, antonym) never merge, online or offline, and no model is asked:
+  one ``deferred`` action (reason ``near_miss``, the reasons per pair) — such pairs are the
+  contradiction job's to judge;
+- exact duplicates (same normalised text) merge deterministically, online or offline: the
+  earliest member's text, its embedding copied (reason ``exact_duplicates``);
 - otherwise the LLM is asked once (cached on the exact inputs): one merged statement for the
-  whole group (reason ``near_duplicates``), or "not a duplicate set" → nothing. A rejected
-  answer changes nothing and counts in ``errors``. Offline, over budget or with the LLM down
-  → one ``deferred`` action (reason ``llm_unavailable`` / ``llm_budget``, details.memory_ids,
-  and the near-miss reasons found). Near-miss pairs therefore never merge offline.
+  whole group (reason ``near_duplicates``), or "not a duplicate set" → nothing. The merged text
+  must state the members' numbers, dates, names (inside a sentence) and negations, and no
+  others (``unsupported_facts``): one that adds or drops one is a rejected answer, like a malformed
+  one — nothing changes, ``errors`` + 1. Offline, over budget or with the LLM down → one
+  ``deferred`` action (reason ``llm_unavailable`` / ``llm_budget``, details.memory_ids).
 
 Merged texts are embedded in one embeddings call per batch (cached by text, so a re-run makes no
 call); if that fails the record gets the normalised centroid of its members
@@ -61,12 +65,21 @@ from jobs.llm_support import (
     rows_by_user,
     with_embeddings,
 )
-from jobs.similarity import complete_linkage_groups, near_miss_reasons, normalise_text
+from jobs.similarity import (
+    complete_linkage_groups,
+    near_miss_reasons,
+    normalise_text,
+    unsupported_facts,
+)
 
 __all__ = ["NAME", "exact_duplicates", "find_groups", "plan"]
 
 EXACT = "exact_duplicates"
 NEAR = "near_duplicates"
+NEAR_MISS = "near_miss"
+# near-miss reasons that state a different fact; a differing name is often a rephrased first
+# word ("Likes" / "Enjoys"), so the model is asked and its merged text checked for names
+FACT_REASONS = frozenset({"number", "date", "negation", "direction", "antonym"})
 EMBED_KIND = "embedding"
 EMBED_VERSION = "embed.v1"
 
@@ -132,6 +145,13 @@ def min_similarity(members: Sequence[Any]) -> float:
 def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> Merge | Action | None:
     """A merge, a deferral, or nothing for one candidate group."""
     score = min_similarity(members)
+    misses = near_misses(members)
+    ids, preview = [m.id for m in members], first_preview(members)
+    if any(FACT_REASONS.intersection(miss["reasons"]) for miss in misses):
+        # members differ in a fact (a number, date, name, negation…): not a duplicate set,
+        # whatever a model would say — such pairs are the contradiction job's to judge
+        return deferred(NAME, user_id, ids, NEAR_MISS, preview=preview, similarity=score,
+                        near_misses=misses)  # fmt: skip
     if exact_duplicates(members):
         keep = earliest(members)
         merge = Merge(user_id, members, keep.content, EXACT, score, list(keep.embedding), "copied")
@@ -140,14 +160,22 @@ def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> Merge | Act
         lambda llm: llm.merge_group(user_id, [(m.id, m.content) for m in members]),
         user_id=user_id,
         size=len(members),
+        check=lambda answer: unsupported_merge(answer, members),
     )
     if isinstance(answer, Deferral):
-        details = {"similarity": score, "near_misses": near_misses(members)}
-        ids, preview = [m.id for m in members], first_preview(members)
-        return deferred(NAME, user_id, ids, answer.reason, preview=preview, **details)
+        return deferred(NAME, user_id, ids, answer.reason, preview=preview, similarity=score)
     if answer is None or not answer.is_duplicate_set:
         return None
     return Merge(user_id, members, answer.merged_text, NEAR, score)
+
+
+def unsupported_merge(answer: Any, members: Sequence[Any]) -> str | None:
+    """Why a model's merged text cannot stand for its members (None: it can): it adds or drops
+    a number, date, name or negation that the members state (``unsupported_facts``)."""
+    if not answer.is_duplicate_set:
+        return None
+    reasons = unsupported_facts(answer.merged_text, [m.content for m in members])
+    return f"merged text {' and '.join(reasons)} not as the members state it" if reasons else None
 
 
 def embed_merges(ctx: BatchContext, gate: ModelGate, merges: Sequence[Merge]) -> None:

@@ -59,7 +59,7 @@ from jobs.llm_support import (
     rows_by_user,
     with_embeddings,
 )
-from jobs.similarity import normalise_text, pairs_above
+from jobs.similarity import differing_facts, normalise_text, pairs_above
 
 __all__ = ["NAME", "plan", "plan_contradiction"]
 
@@ -152,6 +152,10 @@ def _judged(pair: Pair, verdict: Any, *, now: datetime) -> Action | None:
         return deferred(NAME, pair.older.user_id, [m.id for m in members], verdict.reason,
                         preview=first_preview(members), similarity=score)  # fmt: skip
     if verdict.verdict == "contradicts":
+        if not differing_facts(pair.older.content, pair.newer.content):
+            # nothing in the texts differs that could make them conflict (a number, date,
+            # name, negation, direction, antonym): the verdict is not acted on unchecked
+            return review(pair, "llm_unverified")
         return decide(pair, now=now)
     if verdict.verdict == "unsure":
         return review(pair, "llm_unsure")

@@ -288,6 +288,44 @@ def near_miss_reasons(text_a: str, text_b: str) -> list[str]:
     return [code for code, differs in checks if differs]
 
 
+def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
+    """Reason codes why ``text`` (a model's merge of ``sources``) cannot stand for them: it
+    adds or drops a number, a date or a name the sources state, or says "not" where none of
+    them does (or the reverse). [] = every such fact is carried over, none invented."""
+    source_words = set().union(*(_words(s) for s in sources))
+    text_words = set(_words(text))
+    stated_names = set().union(*(_inner_names(s) for s in sources))
+    checks = (
+        ("number", set(_numbers(text)) != set().union(*(_numbers(s) for s in sources))),
+        ("date", set(_dates(text)) != set().union(*(_dates(s) for s in sources))),
+        ("negation", (_negation_count(text) > 0) != any(_negation_count(s) for s in sources)),
+        ("name", bool(_inner_names(text) - source_words or stated_names - text_words)),
+    )
+    return [code for code, differs in checks if differs]
+
+
+def differing_facts(text_a: str, text_b: str) -> list[str]:
+    """``near_miss_reasons`` where names count only inside a sentence (its first word is as
+    often a rephrased verb, "Likes" / "Enjoys"): what could make two texts state different
+    facts. [] = nothing that could make them conflict."""
+    reasons = [r for r in near_miss_reasons(text_a, text_b) if r != "name"]
+    names_a, names_b = _inner_names(text_a), _inner_names(text_b)
+    if names_a - set(_words(text_b)) or names_b - set(_words(text_a)):
+        reasons.append("name")
+    return reasons
+
+
+def _inner_names(text: str) -> set[str]:
+    """Capitalised words inside a sentence: a sentence's first word is as often a verb
+    ("Likes green tea") as a name, and a merge may rephrase it."""
+    prepared = _prepare(text)
+    return {
+        _word(match.group())
+        for match in _TOKEN.finditer(prepared)
+        if not _sentence_initial(prepared, match.start()) and _is_name(match.group(), False)
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # Vectors
 # ---------------------------------------------------------------------------------------------

@@ -199,7 +199,7 @@ class TestOffline:
         report = run(engine, settings, jobs=["compaction"])
         assert snapshot(engine) == before
         [deferred] = report["actions"]
-        assert deferred["action"] == "deferred" and deferred["reason"] == "llm_unavailable"
+        assert deferred["action"] == "deferred" and deferred["reason"] == "near_miss"
         assert set(deferred["details"]["memory_ids"]) == {str(first), str(second)}
         assert deferred["details"]["near_misses"][0]["reasons"]
 

@@ -403,8 +403,9 @@ class TestLLMFaults:
         report, model = run_model(engine, "down")
         assert report["llm"]["calls"] <= sum(model.calls.values())
         deferred = [a for a in report["actions"] if a["action"] == "deferred"]
-        assert deferred and {a["reason"] for a in deferred} == {"llm_unavailable"}
-        assert all(n <= 2 * len(deferred) for n in model.calls.values())
+        asked = [a for a in deferred if a["reason"] != "near_miss"]  # never asked: facts differ
+        assert asked and {a["reason"] for a in asked} == {"llm_unavailable"}
+        assert all(n <= 2 * len(asked) for n in model.calls.values())
 
 
 def server_deadlock(conn: Any, *_: Any, **__: Any) -> None:
