@@ -132,9 +132,17 @@ def _restore_importance(conn: Connection, rows: list[Any]) -> set[UUID]:
 
 
 def _retire_created(conn: Connection, rows: list[Any], now: datetime) -> set[UUID]:
+    """Take created records (merges, summaries) off the read path — only those whose every
+    source is active again: a record whose sources were purged since (or changed) holds the
+    only copy of what they said, and stays."""
     if not rows:
         return set()
-    ids = [r.memory_id for r in rows]
+    sources = {r.memory_id: [UUID(s) for s in (r.details or {}).get("sources") or []] for r in rows}
+    wanted = [s for ids in sources.values() for s in ids]
+    active = set(conn.execute(q("active_among"), {"ids": wanted}).scalars()) if wanted else set()
+    ids = [m for m, srcs in sources.items() if srcs and all(s in active for s in srcs)]
+    if not ids:
+        return set()
     return set(conn.execute(q("retire_created"), {"ids": ids, "now": now}).scalars())
 
 

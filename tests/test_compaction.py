@@ -16,7 +16,7 @@ from gc_worker.report import build_report
 from jobs.compaction import exact_duplicates, find_groups
 from jobs.compaction_records import merge_depth, merged_record
 from tests.conftest import TEST_DIM
-from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
+from tests.store import NOW, acted_on, add, days_ago, execute, get, run, snapshot, status
 from tests.test_erasure_helpers import count
 
 
@@ -322,3 +322,16 @@ class TestOffline:
         restore.restore_memory(engine, new_id)
         assert [status(engine, m) for m in ids] == ["active", "active"]
         assert status(engine, new_id) == "deleted"
+
+    def test_a_merge_whose_members_were_purged_is_kept_by_a_restore(self, engine, settings):
+        """Once history retention purged the members, the merged record is the only copy of
+        what they said: restoring the merge run leaves it on the read path (it used to retire
+        it, and the user lost the fact)."""
+        ids = [add(engine, "u1", "Has a dog", embedding=E0) for _ in range(2)]
+        report = run(engine, settings, jobs=["compaction"])
+        new_id = UUID(report["actions"][0]["memory_id"])
+        later = run(engine, settings, jobs=["hard_delete"], now=NOW + timedelta(days=366))
+        assert acted_on(later, "hard_delete") == {str(m) for m in ids}
+        result = restore.restore_run(engine, UUID(report["run_id"]))
+        assert result.restored == [] and status(engine, new_id) == "active"
+        assert set(result.not_restorable) == {*ids, new_id}

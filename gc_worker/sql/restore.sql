@@ -66,6 +66,10 @@ FROM unnest(CAST(:ids AS uuid[]), CAST(:expect AS smallint[]), CAST(:priors AS j
 WHERE m.id = a.id AND m.importance = a.expect AND m.importance_assessed_at = :run_now
 RETURNING m.id
 
+-- active_among --
+-- Which of these memories are active.
+SELECT id FROM memories WHERE id = ANY(:ids) AND status = 'active'
+
 -- retire_created --
 -- Take records a run created (merges, summaries) off the read path again.
 UPDATE memories m
