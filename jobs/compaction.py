@@ -238,6 +238,7 @@ def _actions(ctx: BatchContext, outcome: Merge | Action) -> list[Action]:
         embedding_source=outcome.embedding_source,
         importance=ctx.importance,
         assessed_at=ctx.now,
+        model_written=outcome.reason == NEAR,
     )
     return merge_actions(
         outcome.user_id,

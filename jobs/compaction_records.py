@@ -4,6 +4,7 @@
 
     content             the LLM's merged statement, or (exact duplicates) the earliest member's text
     source              gc_merge; ``metadata.trust_source`` = the most trusted member's source
+                        for exact duplicates, the least trusted one's for a text the model wrote
     importance          the highest (re-assessed, when importance ran earlier in the batch)
     created_at, observed_at, valid_from   the earliest (valid_from null if any member's is)
     last_accessed_at    the latest; access_count the sum
@@ -77,6 +78,7 @@ def merged_record(
     embedding_source: str,
     importance: Mapping[UUID, int] | None = None,
     assessed_at: datetime | None = None,
+    model_written: bool = False,
 ) -> dict[str, Any]:
     """The memories columns of the record that replaces ``members`` (see module docstring)."""
     importance = importance or {}
@@ -105,7 +107,11 @@ def merged_record(
             "merge_depth": max(merge_depth(m) for m in members) + 1,
             "merged_count": len(members),
             "embedding_source": embedding_source,
-            "trust_source": TRUST_SOURCES.get(max(m.trust for m in members), "external"),
+            # a text the model wrote can carry any member's claim: it is trusted as the least
+            # trusted member; an exact duplicate keeps a member's own text and its best source
+            "trust_source": TRUST_SOURCES.get(
+                (min if model_written else max)(m.trust for m in members), "external"
+            ),
         },
     }
 

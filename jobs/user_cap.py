@@ -12,8 +12,9 @@ used (last_accessed_at, else created_at), then oldest, then id. ``overflow = "ev
 
 ``overflow = "summarize"``: the summary is one more active row, so the ``active - cap + 1`` least
 valuable rows are taken. Those that may be folded (summary depth < ``max_summary_depth``; an
-ordinary row has depth 0, a summary the worker made has ``metadata.summary_depth``, one the
-application wrote with memory_type ``summary`` counts as depth 1) are folded by the LLM into one
+ordinary row has depth 0, a summary or merged record the worker made has
+``metadata.summary_depth`` / ``merge_depth`` (the larger counts), one the application wrote with
+memory_type ``summary`` counts as depth 1) are folded by the LLM into one
 record — ``create_merged`` (memory_type ``summary``, source ``gc_merge``, importance the highest
 among the folded rows, ``metadata.summary_depth`` one more than theirs, embedding from the
 embeddings port, else the normalised centroid of the folded rows' embeddings, lineage to each)
@@ -53,6 +54,7 @@ from gc_worker.llm import (
     centroid_embedding,
 )
 from gc_worker.queries import q
+from jobs.compaction_records import MERGED_SOURCE
 from jobs.importance import BUDGET, INVALID, UNAVAILABLE
 from jobs.llm_support import deferred
 
@@ -109,12 +111,14 @@ def plan_user_cap(
 
 
 def summary_depth(row: Any) -> int:
-    """How many summarisations deep a row is (0 for an ordinary memory)."""
+    """How many summarisations or merges deep a row is (0 for an ordinary memory): a merged
+    record already stands for several rows, and folding it would summarise a merge."""
     metadata = row.metadata if isinstance(row.metadata, dict) else {}
-    value = metadata.get("summary_depth")
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return 1 if row.memory_type == SUMMARY_TYPE else 0
+    values = [metadata.get(key) for key in ("summary_depth", "merge_depth")]
+    depths = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+    if depths:
+        return max(depths)
+    return 1 if row.memory_type == SUMMARY_TYPE or row.source == MERGED_SOURCE else 0
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,18 @@ class TestMergedRecord:
             "trust_source": "explicit_user_statement",
         }  # fmt: skip
 
+    def test_a_text_the_model_wrote_is_trusted_as_its_least_trusted_member(self):
+        """An external claim merged with a user statement must not come out as a user
+        statement (it could then obsolete other user statements): a model-written merge takes
+        the weakest member's source; an exact duplicate keeps the best (it is a member's text)."""
+        external, stated = row("a", E0, trust=1), row("b", E0, trust=3)
+        written = merged_record([external, stated], content="ab", embedding=E0,
+                                embedding_source="model", model_written=True)  # fmt: skip
+        copied = merged_record([external, stated], content="a", embedding=E0,
+                               embedding_source="copied")  # fmt: skip
+        assert written["metadata"]["trust_source"] == "external"
+        assert copied["metadata"]["trust_source"] == "explicit_user_statement"
+
     def test_ttl_is_the_latest_when_every_member_has_one(self):
         """All members expiring → the merged record expires with the last of them."""
         a = row("a", E0, expires_at=NOW + timedelta(days=1))

@@ -19,7 +19,7 @@ from tests.store import NOW, days_ago, execute
 CAP = 8
 EVICTABLE = """
 SELECT id, user_id, xmin::text::bigint AS row_version, importance, created_at,
-       last_accessed_at, memory_type, metadata
+       last_accessed_at, memory_type, source, metadata
 FROM memories WHERE status = 'active' AND NOT pinned ORDER BY user_id, id
 """
 

@@ -359,10 +359,11 @@ class TestSummaryDepth:
 
 
 class TestSplitOverflow:
-    def row(self, importance: int, *, memory_type: str = "semantic", **meta: Any):
+    def row(self, importance: int, *, memory_type: str = "semantic", source: str = "app",
+            **meta: Any):  # fmt: skip
         return SimpleNamespace(
             id=uuid4(), importance=importance, created_at=NOW, last_accessed_at=None,
-            memory_type=memory_type, metadata=meta,
+            memory_type=memory_type, source=source, metadata=meta,
         )  # fmt: skip
 
     def test_takes_one_more_than_the_excess(self) -> None:
@@ -386,11 +387,15 @@ class TestSplitOverflow:
             ("summary", {}, 1),
             ("summary", {"summary_depth": 3}, 3),
             ("semantic", {"summary_depth": "deep"}, 0),
+            ("semantic", {"merge_depth": 1}, 1),  # a merged record
+            ("summary", {"summary_depth": 1, "merge_depth": 2}, 2),
         ],
     )
     def test_summary_depth(self, memory_type: str, meta: dict[str, Any], depth: int) -> None:
-        """Depth comes from metadata.summary_depth; an application summary without it is 1."""
+        """Depth is the larger of metadata.summary_depth and merge_depth; an application summary
+        without them is 1, and so is a worker merge (source gc_merge)."""
         assert summary_depth(self.row(1, memory_type=memory_type, **meta)) == depth
+        assert summary_depth(self.row(1, source="gc_merge")) == 1
 
 
 class TestErasure:
