@@ -12,7 +12,8 @@ Candidates: active, unpinned rows with an embedding, no ``valid_until`` (bounded
 overrides are the contradiction job's), no declared ``supersedes`` and not the target of one,
 not in an open review (nor in one queued earlier in this batch), not retired earlier in this
 batch. Rows whose embedding is unusable (wrong size, zero, non-finite) are counted in
-``skipped``. Groups never span two users or two slots (jobs.similarity.complete_linkage_groups).
+``skipped``. Groups never span two users, two slots or two scopes
+(jobs.similarity.complete_linkage_groups).
 
 Per group:
 - members that differ in a fact that matters (``jobs.similarity.near_miss_reasons``: number,
@@ -100,12 +101,13 @@ class Merge:
 def find_groups(
     rows: Sequence[Any], *, similarity: float, max_group_size: int, max_merge_depth: int, dim: int
 ) -> tuple[list[list[Any]], int]:
-    """One user's candidate groups (per slot) and how many rows had an unusable embedding."""
+    """One user's candidate groups (per slot and scope: rows of two scopes are read apart, so
+    one merged record cannot stand for both) and how many rows had an unusable embedding."""
     eligible = [row for row in rows if mergeable(row, max_merge_depth)]
     kept, vectors, skipped = with_embeddings(eligible, dim)
-    by_slot: dict[str, list[int]] = defaultdict(list)
+    by_slot: dict[tuple[str, str], list[int]] = defaultdict(list)
     for index, row in enumerate(kept):
-        by_slot["" if row.slot is None else "=" + row.slot].append(index)
+        by_slot[(_key(row.slot), _key(getattr(row, "scope", None)))].append(index)
     by_id = {row.id: row for row in kept}
     groups = []
     for slot in sorted(by_slot):
@@ -118,6 +120,10 @@ def find_groups(
         )
         groups += [[by_id[memory_id] for memory_id in group] for group in found]
     return groups, skipped
+
+
+def _key(value: str | None) -> str:
+    return "" if value is None else "=" + value
 
 
 def near_misses(members: Sequence[Any]) -> list[dict[str, Any]]:

@@ -87,12 +87,18 @@ def declared_pairs(rows: Sequence[Any]) -> list[Pair]:
     return pairs
 
 
+def scope_of(row: Any) -> str | None:
+    """The row's scope: rows of two scopes are never read together (memory_gc_current), so
+    they neither hold one slot nor contradict each other."""
+    return getattr(row, "scope", None)
+
+
 def slot_pairs(rows: Sequence[Any]) -> list[Pair]:
     """Pairs between each open-ended row of a slot and the slot's holder."""
-    slots: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    slots: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
     for row in rows:
-        if row.slot is not None and row.valid_until is None:
-            slots[(row.user_id, row.slot)].append(row)
+        if row.slot is not None and row.valid_until is None:  # a slot is per scope
+            slots[(row.user_id, row.slot, scope_of(row) or "")].append(row)
     pairs = []
     for key in sorted(slots):
         members = slots[key]

@@ -202,6 +202,15 @@ class TestOffline:
             assert get(engine, member)["status"] == "merged"
             assert get(engine, member)["superseded_by"] == new_id
 
+    def test_duplicates_of_two_scopes_do_not_merge(self, engine, settings):
+        """'Deadline is Friday' in project alpha and in project beta are two facts, read apart
+        (memory_gc_current by scope): they are not merged into one record of no scope."""
+        add(engine, "u1", "Deadline is Friday", scope="alpha", embedding=E0)
+        add(engine, "u1", "Deadline is Friday", scope="beta", embedding=E0)
+        before = snapshot(engine)
+        assert run(engine, settings, jobs=["compaction"])["actions"] == []
+        assert snapshot(engine) == before
+
     @pytest.mark.parametrize(("a", "b"), NEAR_MISSES)
     def test_near_miss_pairs_never_merge_offline(self, engine, settings, a, b):
         """Near-miss pairs with near-identical embeddings are deferred, never merged."""

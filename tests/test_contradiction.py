@@ -47,6 +47,15 @@ class TestRules:
         target = row(user_id="u2")
         assert declared_pairs([target, row(supersedes=[target.id])]) == []
 
+    def test_a_slot_is_per_scope(self):
+        """The same slot in two scopes (a deadline per project) holds one value in each:
+        no pair across scopes."""
+        alpha = row("Deadline is Friday", slot="deadline", scope="alpha", observed_at=days_ago(5))
+        beta = row("Deadline is Monday", slot="deadline", scope="beta", observed_at=days_ago(1))
+        assert slot_pairs([alpha, beta]) == []
+        again = row("Deadline is Tuesday", slot="deadline", scope="alpha")
+        assert [(p.winner, p.loser) for p in slot_pairs([alpha, beta, again])] == [(again, alpha)]
+
     def test_slot_holder_is_newest_of_the_most_trusted(self):
         """Older rows lose to the holder; a newer, less trusted row is a review."""
         old = row("old", slot="s", observed_at=days_ago(9))
@@ -231,6 +240,22 @@ class TestOffline:
         report = run(engine, limited, jobs=["contradiction"])
         assert [a["action"] for a in report["actions"]] == ["deferred", "deferred"]
         assert report["jobs"]["contradiction"]["not_asked"] == 4
+
+
+class TestScopes:
+    def test_pairs_of_two_scopes_are_not_judged(self, engine, settings):
+        """Similar rows of two scopes are read apart (memory_gc_current), so the model is not
+        asked whether they contradict, and nothing changes."""
+        from tests.fake_model import FakeModel, fake_port
+
+        add(engine, "u1", "Deadline is Friday", scope="alpha", embedding=E0)
+        add(engine, "u1", "Deadline is Monday", scope="beta", embedding=at_similarity(0.95))
+        model = FakeModel("good")
+        before = snapshot(engine)
+        with fake_port(engine, settings, model) as llm:
+            report = run(engine, settings, jobs=["contradiction"], llm=llm)
+        assert report["actions"] == [] and sum(model.calls.values()) == 0
+        assert snapshot(engine) == before
 
 
 class TestNearestPairs:

@@ -23,7 +23,7 @@ ORDER BY m.user_id, m.id
 -- contradiction_candidates --
 -- Active rows of some users with what the contradiction rules read, streamed user by user.
 SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview, content,
-       CAST(embedding AS real[]) AS embedding, slot, supersedes, pinned, source,
+       CAST(embedding AS real[]) AS embedding, slot, scope, supersedes, pinned, source,
        memory_gc_trust(source, metadata) AS trust, valid_from, valid_until, observed_at,
        created_at
 FROM memories
