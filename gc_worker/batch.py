@@ -131,7 +131,10 @@ class BatchContext:
             if action.retires and action.memory_id is not None:
                 self.taken.add(action.memory_id)
             if action.action is Kind.SET_IMPORTANCE and action.memory_id is not None:
-                self.importance[action.memory_id] = int(action.details["importance"])
+                # a score the model lowered decides nothing in the run that assigned it (the
+                # next run sees it): one answer cannot retire rows within the hour it was given
+                new, before = action.details["importance"], action.details.get("previous")
+                self.importance[action.memory_id] = max(int(new), int(before or new))
             if action.action is Kind.CREATE_MERGED:
                 self.created[action.user_id] += 1
             if action.action is Kind.REVIEW:

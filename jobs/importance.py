@@ -20,9 +20,11 @@ batches of one user for the same reason are listed once, details.calls = how man
 
 After an unavailable server or a spent budget, the job's remaining batches of this user batch
 are deferred without calling again. Runs before decay, usage_prune and user_cap, which use the
-new scores in the same run. Batches are cut in a stable order (user, created_at, id), so a dry
-run followed by another dry run asks the same questions and the second is answered from the
-decision cache; ``apply RUN_ID`` replays the stored plan and asks nothing.
+new scores in the same run where they are higher than before (a lowered score decides from the
+next run: gc_worker.batch.BatchContext.record). Batches are cut in a stable order (user,
+created_at, id), so a dry run followed by another dry run asks the same questions and the
+second is answered from the decision cache; ``apply RUN_ID`` replays the stored plan and asks
+nothing.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,7 +22,7 @@ from gc_worker.render import render_markdown
 from gc_worker.report import build_report
 from gc_worker.restore import restore_run
 from jobs.importance import scoring_batches
-from tests.store import NOW, add, days_ago, get, run, snapshot
+from tests.store import NOW, add, days_ago, get, run, snapshot, status
 from tests.test_llm_port import FakeServer, Reply, chat_reply, data_block, error_reply
 
 GOAL, LUNCH, CAT = (
@@ -132,17 +133,23 @@ class TestScoring:
         run(engine, settings, jobs=["importance"], llm=llm)
         assert sorted(map(sent_contents, [server, server], [0, 1])) == [[GOAL], [LUNCH]]
 
-    def test_decay_uses_the_new_score_in_the_same_run(self, engine, settings, make_llm) -> None:
-        """A 200-day-old row scored 1 decays below the floor in the same run; one scored 3 not."""
+    def test_a_lowered_score_decides_from_the_next_run(self, engine, settings, make_llm) -> None:
+        """A 200-day-old row the model scores 1 (from the default 3) is not retired in the run
+        that scored it — one answer cannot retire rows at once — but by the next run's decay;
+        a row scored 3 stays. A raised score protects at once: a row at 1 scored 5 survives."""
         trivial = add(engine, "u1", LUNCH, created_at=days_ago(200))
         useful = add(engine, "u1", CAT, created_at=days_ago(200))
+        raised = add(engine, "u1", GOAL, created_at=days_ago(200), importance=1)
         llm, _ = make_llm(scored_by_content(SCORES))
-        run(engine, settings, jobs=["importance", "decay"], llm=llm)
+        first = run(engine, settings, jobs=["importance", "decay"], llm=llm)
+        assert [a["action"] for a in first["actions"]] == ["set_importance"] * 3
+        assert get(engine, trivial)["importance"] == 1 and status(engine, trivial) == "active"
+        run(engine, settings, jobs=["decay"], now=NOW + timedelta(days=1))
         assert (get(engine, trivial)["status"], get(engine, trivial)["status_reason"]) == (
             "deleted",
             "decayed",
         )
-        assert get(engine, useful)["status"] == "active"
+        assert status(engine, useful) == "active" and status(engine, raised) == "active"
 
     def test_restore_puts_the_default_back(self, engine, settings, make_llm) -> None:
         """Restoring the run resets importance and importance_assessed_at."""
