@@ -202,6 +202,19 @@ class TestOffline:
             assert get(engine, member)["status"] == "merged"
             assert get(engine, member)["superseded_by"] == new_id
 
+    def test_the_same_event_on_two_days_is_two_events(self, engine, settings):
+        """'Went to the dentist' (episodic) observed 60 days ago and 5 days ago are two visits:
+        not merged; the same text observed the same day is one memory said twice: merged."""
+        add(engine, "u1", "Went to the dentist", memory_type="episodic", embedding=E0,
+            observed_at=days_ago(60), created_at=days_ago(60))  # fmt: skip
+        add(engine, "u1", "Went to the dentist", memory_type="episodic", embedding=E0,
+            observed_at=days_ago(5), created_at=days_ago(5))  # fmt: skip
+        assert run(engine, settings, jobs=["compaction"])["actions"] == []
+        add(engine, "u1", "Went to the dentist", memory_type="episodic", embedding=E0,
+            observed_at=days_ago(5), created_at=days_ago(4))  # fmt: skip
+        merged = run(engine, settings, jobs=["compaction"])
+        assert merged["totals"]["by_action"] == {"create_merged": 1, "merge": 2}
+
     def test_duplicates_of_two_scopes_do_not_merge(self, engine, settings):
         """'Deadline is Friday' in project alpha and in project beta are two facts, read apart
         (memory_gc_current by scope): they are not merged into one record of no scope."""
