@@ -57,6 +57,7 @@ from gc_worker.queries import q
 from jobs.compaction_records import MERGED_SOURCE
 from jobs.importance import BUDGET, INVALID, UNAVAILABLE
 from jobs.llm_support import deferred
+from jobs.similarity import unsupported_facts
 
 NAME = "user_cap"
 REASON = "over_cap"
@@ -261,6 +262,10 @@ def plan_overflow(ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any
     ctx.stop_if_asked()
     try:
         text = ctx.llm.summarize(overflow.user_id, members)
+        lost = unsupported_facts(text, [content for _, content in members])
+        if lost:  # the summary is all that stays once the folded rows are purged
+            ctx.llm.budget.count("invalid_answers")
+            raise LLMInvalidAnswer("unsupported", f"summary {' and '.join(lost)} not as stated")
     except LLMError as exc:
         return declined(ctx, overflow, failure_reason(ctx, exc))
     embedding, source = summary_embedding(ctx, text, overflow.fold, full)

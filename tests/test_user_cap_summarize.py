@@ -62,9 +62,10 @@ def make_llm(engine, tmp_path: Path) -> Iterator[MakeLLM]:
 
 
 def seed(engine, *importances: int, user: str = "u1", **columns: Any) -> list[UUID]:
-    """One row per importance, the first one oldest (so it is evicted first among equals)."""
+    """One row per importance, the first one oldest (so it is evicted first among equals);
+    texts without numbers or names, so any summary may stand for them."""
     return [
-        add(engine, user, f"memory {i} of {user}", importance=imp, created_at=days_ago(50 - i),
+        add(engine, user, f"memory {'abcdefghij'[i]}", importance=imp, created_at=days_ago(50 - i),
             **columns)
         for i, imp in enumerate(importances)
     ]  # fmt: skip
@@ -123,7 +124,7 @@ class TestSummarisedOverflow:
         assert active_count(engine) == 3
         assert {get(engine, m)["status"] for m in (high1, high2)} == {"active"}
         sent = [m["content"] for m in data_block(server.body(0)["messages"][1]["content"])]
-        assert sorted(sent) == ["memory 0 of u1", "memory 1 of u1", "memory 2 of u1"]
+        assert sorted(sent) == ["memory a", "memory b", "memory c"]
         assert by_kind(report) == {"create_merged": 1, "soft_delete": 3}
         assert report["jobs"]["user_cap"]["llm_calls"] == 2
 
@@ -279,6 +280,24 @@ class TestWithoutSummary:
         assert sorted(action["details"]["memory_ids"]) == sorted(str(m) for m in rows[:2])
         assert action["details"]["over_cap_by"] == 1
         assert report["jobs"]["user_cap"]["errors"] == 1
+
+    def test_a_summary_that_loses_a_stated_fact_is_rejected(self, engine, make_llm) -> None:
+        """Once the folded rows are purged the summary is all that stays: one that drops a
+        number, a name or a negation they state ("User has preferences." for "Owes Bob 500
+        EUR" and "Does not eat pork") is rejected like a malformed answer; nothing changes."""
+        add(engine, "u1", "Owes Bob 500 EUR", importance=1, created_at=days_ago(40))
+        add(engine, "u1", "Does not eat pork", importance=2, created_at=days_ago(30))
+        add(engine, "u1", "memory kept", importance=5, created_at=days_ago(20))
+        before = snapshot(engine)
+        settings = cap_settings(2)
+        llm, _ = make_llm(settings, chat_reply({"summary": "User has preferences."}))
+        report = run(engine, settings, jobs=["user_cap"], llm=llm)
+        assert snapshot(engine) == before
+        assert [(a["action"], a["reason"]) for a in report["actions"]] == [
+            ("deferred", "llm_invalid")
+        ]
+        assert report["jobs"]["user_cap"]["errors"] == 1
+        assert report["llm"]["invalid_answers"] == 1
 
     def test_failure_with_fallback_evicts_plainly(self, engine, make_llm) -> None:
         """With fallback_to_evict, an invalid summary means plain eviction, reason over_cap."""
