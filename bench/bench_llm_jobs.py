@@ -131,6 +131,11 @@ def fake_server() -> Iterator[tuple[str, Counter]]:
         thread.join(timeout=5)
 
 
+def _letters(j: int) -> str:
+    """a, b, …, z, ba, bb, …: a count written without digits."""
+    return ("" if j < 26 else _letters(j // 26)) + chr(97 + j % 26)
+
+
 def seed(engine: sa.Engine, rng: np.random.Generator) -> None:
     """One user: clusters of noisy copies (distinct texts) plus singletons."""
     sizes = 2 + rng.multinomial(N_CLUSTERED - 2 * N_CLUSTERS, [1 / N_CLUSTERS] * N_CLUSTERS)
@@ -138,7 +143,9 @@ def seed(engine: sa.Engine, rng: np.random.Generator) -> None:
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
     vectors = np.repeat(centres, sizes, axis=0) + rng.normal(scale=NOISE, size=(N_CLUSTERED, DIM))
     vectors = np.vstack([vectors, rng.normal(size=(N_MEMORIES - N_CLUSTERED, DIM))])
-    labels = [f"topic {k} variant {j}" for k, n in enumerate(sizes) for j in range(n)]
+    # copies of one topic differ in wording, not in a number (a differing number is a near
+    # miss, which compaction never puts to the model)
+    labels = [f"topic {k} in wording {_letters(j)}" for k, n in enumerate(sizes) for j in range(n)]
     labels += [f"singleton {i}" for i in range(N_MEMORIES - N_CLUSTERED)]
     rows = [{"user_id": USER, "content": f"The user mentioned {label}.",
              "embedding": "[" + ",".join(f"{x:.6f}" for x in vector) + "]"}
