@@ -165,10 +165,13 @@ def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> Merge | Act
         merge = Merge(user_id, members, keep.content, EXACT, score, list(keep.embedding), "copied")
         return merge
     answer = gate.ask(
-        lambda llm: llm.merge_group(user_id, [(m.id, m.content) for m in members]),
+        lambda llm: llm.merge_group(
+            user_id,
+            [(m.id, m.content) for m in members],
+            vet=lambda decision: unsupported_merge(decision, members),
+        ),
         user_id=user_id,
         size=len(members),
-        check=lambda answer: unsupported_merge(answer, members),
     )
     if isinstance(answer, Deferral):
         return deferred(NAME, user_id, ids, answer.reason, preview=preview, similarity=score)

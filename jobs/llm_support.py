@@ -57,26 +57,13 @@ class ModelGate:
     def offline(self) -> bool:
         return self.llm is None
 
-    def ask(
-        self,
-        question: Callable[[Any], T],
-        *,
-        user_id: str,
-        size: int,
-        check: Callable[[T], str | None] | None = None,
-    ) -> T | Deferral | None:
-        """``question(llm)``'s answer, a Deferral, or None for a rejected answer — rejected by
-        the port, or by ``check(answer)`` (the job's own validation: a reason, or None)."""
+    def ask(self, question: Callable[[Any], T], *, user_id: str, size: int) -> T | Deferral | None:
+        """``question(llm)``'s answer, a Deferral, or None for a rejected answer."""
         if self.llm is None or self.down:
             return Deferral(LLM_UNAVAILABLE)
         self.ctx.stop_if_asked()
         try:
-            answer = question(self.llm)
-            problem = check(answer) if check is not None else None
-            if problem is not None:
-                self.llm.budget.count("invalid_answers")
-                raise LLMInvalidAnswer("unsupported", problem)
-            return answer
+            return question(self.llm)
         except LLMBudgetExhausted:
             return Deferral(LLM_BUDGET)
         except LLMUnavailable as exc:

@@ -252,6 +252,13 @@ def summary_embedding(
     return centroid_embedding(vectors), "centroid"
 
 
+def lost_facts(summary: str, folded: Sequence[str]) -> str | None:
+    """Why a summary cannot stand for the folded rows (None: it can) — it is all that stays
+    once they are purged: a number, date, name or negation they state is missing, or added."""
+    lost = unsupported_facts(summary, folded)
+    return f"summary {' and '.join(lost)} not as the folded rows state it" if lost else None
+
+
 def plan_overflow(ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any]) -> list[Action]:
     """One over-cap user's actions in summarize mode."""
     if not overflow.fold:
@@ -261,11 +268,8 @@ def plan_overflow(ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any
     members = [(row.id, full[row.id].content) for row in overflow.fold]
     ctx.stop_if_asked()
     try:
-        text = ctx.llm.summarize(overflow.user_id, members)
-        lost = unsupported_facts(text, [content for _, content in members])
-        if lost:  # the summary is all that stays once the folded rows are purged
-            ctx.llm.budget.count("invalid_answers")
-            raise LLMInvalidAnswer("unsupported", f"summary {' and '.join(lost)} not as stated")
+        text = ctx.llm.summarize(overflow.user_id, members, vet=lambda summary: lost_facts(
+            summary, [content for _, content in members]))  # fmt: skip
     except LLMError as exc:
         return declined(ctx, overflow, failure_reason(ctx, exc))
     embedding, source = summary_embedding(ctx, text, overflow.fold, full)

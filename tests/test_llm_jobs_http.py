@@ -176,6 +176,18 @@ class TestCompactionDecisions:
         assert report["jobs"]["compaction"]["errors"] == 1
         assert report["llm"]["invalid_answers"] == 1
 
+    def test_a_merge_rejected_for_its_facts_is_not_cached(self, engine, settings, make_llm):
+        """An answer the fact check rejects is not kept: the next run asks again (and a model
+        that now answers well merges), instead of replaying the rejected answer forever."""
+        seed_tea(engine)
+        bad = FakeOpenAI(merge=merge_answer(merged_text="Likes green tea since 2019"))
+        first = run(engine, settings, jobs=["compaction"], llm=make_llm(bad))
+        assert first["totals"]["actions"] == 0 and first["llm"]["cache_hits"] == 0
+        good = FakeOpenAI()
+        second = run(engine, settings, jobs=["compaction"], llm=make_llm(good))
+        assert good.count("/chat/completions") == 1
+        assert second["totals"]["by_action"].get("create_merged") == 1
+
     def test_a_merged_text_may_not_drop_a_stated_fact(self, engine, settings, make_llm):
         """Members stating a name the merged text drops: rejected, nothing changes."""
         add(engine, "u1", "Travels to Lisbon for work", embedding=E0)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -78,9 +79,13 @@ class LLMPort:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def merge_group(self, user_id: str, members: Sequence[Member]) -> MergeDecision:
-        """One merged statement for a group of near-duplicates, or why they are not."""
-        return self._decide(user_id, decisions.merge_request(members))
+    def merge_group(
+        self, user_id: str, members: Sequence[Member], *, vet: Vet | None = None
+    ) -> MergeDecision:
+        """One merged statement for a group of near-duplicates, or why they are not. ``vet``:
+        the caller's own check of the decision (a reason to reject it, or None), run with the
+        port's checks — a rejected answer is neither used nor cached."""
+        return self._decide(user_id, _vetted(decisions.merge_request(members), vet))
 
     def judge_contradiction(
         self, user_id: str, older: Member, newer: Member
@@ -94,9 +99,9 @@ class LLMPort:
             return {}
         return self._decide(user_id, decisions.importance_request(items))
 
-    def summarize(self, user_id: str, members: Sequence[Member]) -> str:
-        """One summary statement that keeps the members' facts."""
-        return self._decide(user_id, decisions.summary_request(members))
+    def summarize(self, user_id: str, members: Sequence[Member], *, vet: Vet | None = None) -> str:
+        """One summary statement that keeps the members' facts (``vet`` as in merge_group)."""
+        return self._decide(user_id, _vetted(decisions.summary_request(members), vet))
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """Embedding vectors of ``texts``, in order."""
@@ -218,3 +223,22 @@ def build_llm(
         backoff_base_seconds=backoff_base_seconds,
     )
     return open_llm(options, http_client=http_client, cache=cache)
+
+
+Vet = Callable[[Any], "str | None"]
+
+
+def _vetted(request: decisions.DecisionRequest[Any, Any], vet: Vet | None) -> Any:
+    """``request`` whose check also runs ``vet`` on the checked result."""
+    if vet is None:
+        return request
+    check = request.check
+
+    def vetted(answer: Any) -> Any:
+        result = check(answer)
+        problem = vet(result)
+        if problem is not None:
+            raise LLMInvalidAnswer("unsupported", problem)
+        return result
+
+    return dataclasses.replace(request, check=vetted)
