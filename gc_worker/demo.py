@@ -104,8 +104,8 @@ def deferred_lines(deferred: list[dict[str, Any]]) -> list[str]:
         return []
     lines = [
         "",
-        f"deferred: {len(deferred)} groups wait for an LLM (no OPENAI_API_KEY / OPENAI_BASE_URL:"
-        " the LLM decisions are listed, not guessed)",
+        f"deferred: {len(deferred)} groups left undecided (an LLM would decide most — no"
+        " OPENAI_API_KEY / OPENAI_BASE_URL: listed, not guessed; near misses are never merged)",
     ]
     by_job: dict[str, list[dict[str, Any]]] = {}
     for action in deferred:

@@ -153,13 +153,17 @@ def min_similarity(members: Sequence[Any]) -> float:
 def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> Merge | Action | None:
     """A merge, a deferral, or nothing for one candidate group."""
     score = min_similarity(members)
-    misses = near_misses(members)
-    ids, preview = [m.id for m in members], first_preview(members)
-    if any(FACT_REASONS.intersection(miss["reasons"]) for miss in misses):
-        # members differ in a fact (a number, date, name, negation…): not a duplicate set,
+    consistent = fact_consistent(members)
+    if len(consistent) < 2:
+        # the members differ in a fact (a number, date, negation…): not a duplicate set,
         # whatever a model would say — such pairs are the contradiction job's to judge
+        ids, preview = [m.id for m in members], first_preview(members)
         return deferred(NAME, user_id, ids, NEAR_MISS, preview=preview, similarity=score,
-                        near_misses=misses)  # fmt: skip
+                        near_misses=near_misses(members))  # fmt: skip
+    # members that differ in a fact from an earlier one stay out; the rest may still merge
+    members = consistent
+    score = min_similarity(members)
+    ids, preview = [m.id for m in members], first_preview(members)
     if exact_duplicates(members):
         keep = earliest(members)
         merge = Merge(user_id, members, keep.content, EXACT, score, list(keep.embedding), "copied")
@@ -178,6 +182,18 @@ def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> Merge | Act
     if answer is None or not answer.is_duplicate_set:
         return None
     return Merge(user_id, members, answer.merged_text, NEAR, score)
+
+
+def fact_consistent(members: Sequence[Any]) -> list[Any]:
+    """The members, earliest first, that differ in no fact (number, date, negation, direction,
+    antonym) from any earlier one kept: one outlier does not keep a group of paraphrases
+    from merging, night after night."""
+    kept: list[Any] = []
+    for member in sorted(members, key=lambda m: (m.created_at, str(m.id))):
+        if not any(FACT_REASONS.intersection(near_miss_reasons(k.content, member.content))
+                   for k in kept):  # fmt: skip
+            kept.append(member)
+    return kept
 
 
 def unsupported_merge(answer: Any, members: Sequence[Any]) -> str | None:

@@ -23,7 +23,9 @@ pair constructed at exactly the threshold counts as within despite floating-poin
 
 Near-miss policy ("Has 2 cats" vs "Has two cats"): number words zero..twenty and the tens are read
 as their values, so those two texts give []; a number we cannot read compares as text, and number
-and date sequences compare in order, so the heuristic errs towards flagging (the LLM decides).
+and date sequences compare in order, so the heuristic errs towards flagging: flagged members
+are kept apart by compaction (the earliest consistent ones may still merge) and left to the
+contradiction job.
 Names: a capitalised word counts unless it opens a sentence AND is a common function word ("The",
 "User", "It" ...), so "Alice is my sister" vs "Bob is my sister" is flagged; a name only differs
 when its casefolded word is absent from the other text, so "User lives in Berlin." vs "user lives
@@ -305,25 +307,48 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
 
 
 def differing_facts(text_a: str, text_b: str) -> list[str]:
-    """``near_miss_reasons`` where names count only inside a sentence (its first word is as
-    often a rephrased verb, "Likes" / "Enjoys"): what could make two texts state different
-    facts. [] = nothing that could make them conflict."""
-    reasons = [r for r in near_miss_reasons(text_a, text_b) if r != "name"]
-    names_a, names_b = _inner_names(text_a), _inner_names(text_b)
-    if names_a - set(_words(text_b)) or names_b - set(_words(text_a)):
+    """What could make two texts state conflicting facts: a number, date or name (inside a
+    sentence: its first word is as often a rephrased verb, "Likes" / "Enjoys") that one states
+    and the other replaces — each has one the other lacks ("B1" / "B2"; not "a dog" / "2 cats",
+    which only adds a detail) —, a negation, direction or antonym. [] = nothing."""
+    reasons = []
+    for code, values in (("number", _numbers), ("date", _dates)):
+        a, b = set(values(text_a)), set(values(text_b))
+        if a - b and b - a:
+            reasons.append(code)
+    names_a = _inner_names(text_a) - set(_words(text_b))
+    names_b = _inner_names(text_b) - set(_words(text_a))
+    if names_a and names_b:
         reasons.append("name")
-    return reasons
+    near = near_miss_reasons(text_a, text_b)
+    return reasons + [r for r in ("negation", "direction", "antonym") if r in near]
+
+
+_ABBREVIATIONS = frozenset({"dr", "mr", "mrs", "ms", "prof", "st", "mt", "jr", "sr"})
 
 
 def _inner_names(text: str) -> set[str]:
     """Capitalised words inside a sentence: a sentence's first word is as often a verb
-    ("Likes green tea") as a name, and a merge may rephrase it."""
+    ("Likes green tea") as a name, and a merge may rephrase it. A colon or semicolon does not
+    open a sentence here ("Manager: Alice"), nor a title's full stop ("Dr. Jones")."""
     prepared = _prepare(text)
     return {
         _word(match.group())
         for match in _TOKEN.finditer(prepared)
-        if not _sentence_initial(prepared, match.start()) and _is_name(match.group(), False)
+        if _is_name(match.group(), False) and not _opens_sentence(prepared, match.start())
     }
+
+
+def _opens_sentence(text: str, start: int) -> bool:
+    i = start
+    while i > 0 and (text[i - 1].isspace() or text[i - 1] in _SENTENCE_OPENERS):
+        i -= 1
+    if i == 0:
+        return True
+    if text[i - 1] not in ".!?\n":
+        return False
+    before = _TOKEN.findall(text[max(0, i - 12) : i - 1])
+    return not (text[i - 1] == "." and before and before[-1].casefold() in _ABBREVIATIONS)
 
 
 # ---------------------------------------------------------------------------------------------

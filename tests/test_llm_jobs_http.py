@@ -15,7 +15,7 @@ from gc_worker.config import LLMSettings, Runtime, Settings
 from gc_worker.llm import LLMOptions, open_llm
 from gc_worker.llm_store import PostgresDecisionCache, open_run_llm
 from tests.conftest import TEST_DIM
-from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
+from tests.store import NOW, acted_on, add, days_ago, execute, get, run, snapshot, status
 from tests.test_compaction import E0, at_similarity, unit
 from tests.test_llm_port import (
     chat_reply,
@@ -187,6 +187,20 @@ class TestCompactionDecisions:
         second = run(engine, settings, jobs=["compaction"], llm=make_llm(good))
         assert good.count("/chat/completions") == 1
         assert second["totals"]["by_action"].get("create_merged") == 1
+
+    def test_one_outlier_does_not_keep_paraphrases_from_merging(self, engine, settings, make_llm):
+        """Three paraphrases and one member that states a number: the paraphrases merge, the
+        outlier stays as it is (it used to keep the whole group deferred, night after night)."""
+        a = add(engine, "u1", "Likes green tea", created_at=days_ago(9), embedding=E0)
+        b = add(engine, "u1", "Enjoys drinking green tea", created_at=days_ago(8),
+                embedding=at_similarity(0.95))  # fmt: skip
+        c = add(engine, "u1", "Really likes green tea", created_at=days_ago(7),
+                embedding=at_similarity(0.96))  # fmt: skip
+        outlier = add(engine, "u1", "Drinks 2 cups of green tea a day", created_at=days_ago(6),
+                      embedding=at_similarity(0.94))  # fmt: skip
+        report = run(engine, settings, jobs=["compaction"], llm=make_llm(FakeOpenAI()))
+        assert acted_on(report, "merge") == {str(a), str(b), str(c)}
+        assert status(engine, outlier) == "active"
 
     def test_a_merged_text_may_not_drop_a_stated_fact(self, engine, settings, make_llm):
         """Members stating a name the merged text drops: rejected, nothing changes."""
@@ -378,7 +392,12 @@ class TestContradictionDecisions:
 
     @pytest.mark.parametrize(
         ("older", "newer"),
-        [("Likes green tea", "Enjoys drinking green tea"), ("Has a dog", "Has a cat")],
+        [
+            ("Likes green tea", "Enjoys drinking green tea"),
+            ("Has a dog", "Has a cat"),
+            ("Has a dog", "Has 2 cats"),  # a detail added on one side is not a replacement
+            ("Has a dog", "Has a dog named Tom"),
+        ],
     )
     def test_an_uncorroborated_contradiction_is_a_review(
         self, engine, settings, make_llm, older, newer

@@ -13,10 +13,12 @@ from jobs.similarity import (
     complete_linkage_groups,
     content_hash,
     cosine_matrix,
+    differing_facts,
     invalid_vector_rows,
     near_miss_reasons,
     normalise_text,
     pairs_above,
+    unsupported_facts,
 )
 
 THRESHOLD = 0.85
@@ -353,3 +355,44 @@ class TestPairsAbove:
         vectors = np.array([[1.0, 0.0], [np.nan, 0.0], [0.0, 0.0]])
         assert pairs_above(["a", "b", "c"], vectors, similarity=0.0) == []
         assert pairs_above([], np.empty((0, 3)), similarity=0.5) == []
+
+
+class TestFactChecks:
+    """unsupported_facts (a merge or summary against its sources) and differing_facts (a
+    contradiction verdict against the pair's texts)."""
+
+    @pytest.mark.parametrize(
+        ("text", "sources", "expected"),
+        [
+            ("Likes green tea", ["Likes green tea", "Enjoys drinking green tea"], []),
+            ("Allergic to peanuts and shellfish",
+             ["Allergic to peanuts", "Allergic to peanuts and shellfish"], []),
+            ("Not allergic to anything; works at Acme since 2019",
+             ["Allergic to peanuts", "Allergic to peanuts and shellfish"],
+             ["date", "negation", "name"]),
+            ("User has preferences.", ["Owes Bob 500 EUR", "Does not eat pork"],
+             ["number", "negation", "name"]),
+            ("Manager: Bob", ["Manager: Alice", "manager: Alice"], ["name"]),
+            ("Dentist is Dr. Jones", ["Dentist is Dr. Smith"], ["name"]),
+            ("Travels to Lisbon for work", ["Travels to Lisbon for work", "Often travels"], []),
+        ],
+    )  # fmt: skip
+    def test_unsupported_facts(self, text: str, sources: list[str], expected: list[str]):
+        """Facts added or dropped by the new text are named; a faithful merge passes."""
+        assert unsupported_facts(text, sources) == expected
+
+    @pytest.mark.parametrize(
+        ("a", "b", "expected"),
+        [
+            ("English level is B1", "English level is B2", ["number"]),
+            ("Lives in Paris", "Lives in Berlin", ["name"]),
+            ("Manager: Alice", "Manager: Bob", ["name"]),
+            ("Likes green tea", "Enjoys drinking green tea", []),
+            ("Has a dog", "Has a cat", []),
+            ("Has a dog", "Has 2 cats", []),
+            ("Prefers morning meetings", "Does not prefer morning meetings", ["negation"]),
+        ],
+    )
+    def test_differing_facts(self, a: str, b: str, expected: list[str]):
+        """Only a replaced number, date or name, or a negation, direction or antonym counts."""
+        assert differing_facts(a, b) == expected
