@@ -12,8 +12,9 @@ Candidates: active, unpinned rows with an embedding, no ``valid_until`` (bounded
 overrides are the contradiction job's), no declared ``supersedes`` and not the target of one,
 not in an open review (nor in one queued earlier in this batch), not retired earlier in this
 batch. Rows whose embedding is unusable (wrong size, zero, non-finite) are counted in
-``skipped``. Groups never span two users, two slots, two scopes, or — for episodic memories,
-which are events — two days of ``observed_at`` (jobs.similarity.complete_linkage_groups).
+``skipped``. Groups never span two users, two slots, two scopes, two trust levels, or — for
+episodic memories, which are events — two minutes of ``observed_at``
+(jobs.similarity.complete_linkage_groups).
 
 Per group:
 - members that differ in a fact that matters (``jobs.similarity.near_miss_reasons``: number,
@@ -41,6 +42,7 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any
 
 import numpy as np
@@ -105,11 +107,14 @@ def find_groups(
     one merged record cannot stand for both) and how many rows had an unusable embedding."""
     eligible = [row for row in rows if mergeable(row, max_merge_depth)]
     kept, vectors, skipped = with_embeddings(eligible, dim)
-    by_slot: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    by_slot: dict[tuple[str, str, str, int], list[int]] = defaultdict(list)
     for index, row in enumerate(kept):
-        # an episodic memory is an event: the same text on another day is another event
-        day = row.observed_at.date().isoformat() if row.memory_type == "episodic" else ""
-        by_slot[(_key(row.slot), _key(getattr(row, "scope", None)), day)].append(index)
+        # an episodic memory is an event: the same text at another time is another event
+        when = row.observed_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
+        event = when if row.memory_type == "episodic" else ""
+        # rows of one trust level only: a merge neither raises a claim nor lowers a statement
+        trust = getattr(row, "trust", 0)
+        by_slot[(_key(row.slot), _key(getattr(row, "scope", None)), event, trust)].append(index)
     by_id = {row.id: row for row in kept}
     groups = []
     for slot in sorted(by_slot):

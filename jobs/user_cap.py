@@ -54,7 +54,7 @@ from gc_worker.llm import (
     centroid_embedding,
 )
 from gc_worker.queries import q
-from jobs.compaction_records import MERGED_SOURCE
+from jobs.compaction_records import MERGED_SOURCE, TRUST_SOURCES
 from jobs.importance import BUDGET, INVALID, UNAVAILABLE
 from jobs.llm_support import deferred
 from jobs.similarity import unsupported_facts
@@ -185,6 +185,8 @@ def summary_record(
             "summary_depth": max(summary_depth(row) for row in fold) + 1,
             "summarized_count": len(fold),
             "embedding_source": embedding_source,
+            # a model wrote it from every folded row: as trusted as the least trusted of them
+            "trust_source": TRUST_SOURCES.get(min(m.trust for m in members), "external"),
         },
     }
 

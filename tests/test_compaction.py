@@ -215,6 +215,13 @@ class TestOffline:
         merged = run(engine, settings, jobs=["compaction"])
         assert merged["totals"]["by_action"] == {"create_merged": 1, "merge": 2}
 
+    def test_rows_of_two_trust_levels_do_not_merge(self, engine, settings):
+        """An external claim and the user's own statement of the same text stay apart: a merge
+        would either raise the claim or lower the statement."""
+        add(engine, "u1", "Works at Acme", source="external", embedding=E0)
+        add(engine, "u1", "Works at Acme", embedding=E0)
+        assert run(engine, settings, jobs=["compaction"])["actions"] == []
+
     def test_duplicates_of_two_scopes_do_not_merge(self, engine, settings):
         """'Deadline is Friday' in project alpha and in project beta are two facts, read apart
         (memory_gc_current by scope): they are not merged into one record of no scope."""

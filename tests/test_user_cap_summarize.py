@@ -114,6 +114,7 @@ class TestSummarisedOverflow:
             "summary_depth": 1,
             "summarized_count": 3,
             "embedding_source": "embeddings_model",
+            "trust_source": "explicit_user_statement",  # the least trusted folded row's
         }
         assert vector(summary) == VECTOR
         assert lineage(engine, summary["id"]) == {low, mid1, mid2}
