@@ -136,6 +136,18 @@ class TestSlots:
         add(engine, "u1", "English level is B2", slot="english", created_at=days_ago(5))
         assert contents(engine, NOW) == ["English level is B2"]
 
+    def test_a_slot_holds_one_value_per_scope(self, engine):
+        """Project alpha's deadline and project beta's are both current in an unscoped read
+        (migration 0008; they used to compete for one slot), one each in a scoped read."""
+        alpha = add(engine, "u1", "Deadline is Friday", slot="deadline", scope="alpha")
+        beta = add(engine, "u1", "Deadline is Monday", slot="deadline", scope="beta")
+        newer_alpha = add(engine, "u1", "Deadline is Tuesday", slot="deadline", scope="alpha",
+                          observed_at=NOW + timedelta(seconds=1))  # fmt: skip
+        at = NOW + timedelta(minutes=1)
+        everything = {r["id"] for r in current_memories(engine, "u1", None, at)}
+        assert everything == {newer_alpha, beta} and alpha not in everything
+        assert [r["id"] for r in current_memories(engine, "u1", "beta", at)] == [beta]
+
     def test_a_bounded_override_shadows_inside_its_window(self, engine):
         """A slot value with valid_until wins while valid, the open-ended one after."""
         add(engine, "u1", "Works from the office", slot="workplace", created_at=days_ago(90))
