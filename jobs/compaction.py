@@ -17,7 +17,7 @@ episodic memories, which are events — two minutes of ``observed_at``
 (jobs.similarity.complete_linkage_groups).
 
 Per group:
-- members that differ in a fact that matters (``jobs.similarity.near_miss_reasons``: number,
+- members that differ in a fact that matters (``jobs.text_facts.near_miss_reasons``: number,
   date, negation, direction, antonym) never merge, online or offline, and no model is asked:
   one ``deferred`` action (reason ``near_miss``, the reasons per pair) — such pairs are the
   contradiction job's to judge;
@@ -68,12 +68,8 @@ from jobs.llm_support import (
     rows_by_user,
     with_embeddings,
 )
-from jobs.similarity import (
-    complete_linkage_groups,
-    near_miss_reasons,
-    normalise_text,
-    unsupported_facts,
-)
+from jobs.similarity import complete_linkage_groups, normalise_text
+from jobs.text_facts import near_miss_reasons, unsupported_facts
 
 __all__ = ["NAME", "exact_duplicates", "find_groups", "plan"]
 

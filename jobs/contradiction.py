@@ -62,7 +62,8 @@ from jobs.llm_support import (
     rows_by_user,
     with_embeddings,
 )
-from jobs.similarity import differing_facts, normalise_text, pairs_above
+from jobs.similarity import normalise_text, pairs_above
+from jobs.text_facts import differing_facts
 
 __all__ = ["NAME", "plan", "plan_contradiction"]
 

@@ -1,14 +1,13 @@
 """Pure similarity building blocks for the `compaction` and `contradiction` jobs.
 
 No database, no clock, no LLM: every function here is a deterministic function of its arguments.
+What a text *states* (numbers, dates, names, negations) and the checks built on it are in
+jobs.text_facts.
 
 Text
     normalise_text(text)             casefold + NFKC, whitespace collapsed, surrounding punctuation
                                      stripped; equal results = exact duplicates offline.
     content_hash(user_id, text)      sha256 hex of user_id + NUL + normalised text (tombstones).
-    near_miss_reasons(a, b)          reason codes (number, date, negation, name, direction,
-                                     antonym) why two look-alike texts must NOT be merged or
-                                     obsoleted offline; [] = safe to treat as duplicates.
 
 Vectors
     invalid_vector_rows(vectors)     rows with a NaN/inf or zero norm; every function below skips
@@ -20,22 +19,11 @@ Vectors
 
 A pair "reaches" a threshold when its cosine is >= similarity - SIMILARITY_TOLERANCE (1e-9), so a
 pair constructed at exactly the threshold counts as within despite floating-point rounding.
-
-Near-miss policy ("Has 2 cats" vs "Has two cats"): number words zero..twenty and the tens are read
-as their values, so those two texts give []; a number we cannot read compares as text, and number
-and date sequences compare in order, so the heuristic errs towards flagging: flagged members
-are kept apart by compaction (the earliest consistent ones may still merge) and left to the
-contradiction job.
-Names: a capitalised word counts unless it opens a sentence AND is a common function word ("The",
-"User", "It" ...), so "Alice is my sister" vs "Bob is my sister" is flagged; a name only differs
-when its casefolded word is absent from the other text, so "User lives in Berlin." vs "user lives
-in Berlin" gives [].
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 import unicodedata
 from collections.abc import Hashable, Sequence
 from typing import TypeVar
@@ -71,284 +59,6 @@ def content_hash(user_id: str, text: str) -> str:
     """Return the sha256 hex digest of ``user_id + NUL + normalise_text(text)``."""
     payload = f"{user_id}\0{normalise_text(text)}".encode()
     return hashlib.sha256(payload).hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------
-# Near-miss guard
-# ---------------------------------------------------------------------------------------------
-
-_TOKEN = re.compile(r"\w+(?:['.,:/-]\w+)*")
-# A token opens a sentence when only these stand between it and the text's start or a stop.
-_SENTENCE_STOPS = frozenset(".!?:;\n")
-_SENTENCE_OPENERS = frozenset("\"'\u201c\u2018([*\u2022-")
-_DATE_TOKEN = re.compile(
-    r"(?:19|20)\d{2}(?:-\d{1,2}(?:-\d{1,2})?)?|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
-)
-_CLOCK_SUFFIX = re.compile(r"(\d)\s*([ap])\.?m\b\.?", re.IGNORECASE)
-_DIGITS_COMMA = re.compile(r"(?<=\d),(?=\d{3}\b)")
-
-_UNIT_WORDS = (
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-    "nineteen", "twenty",
-)  # fmt: skip
-_TENS_WORDS = ("thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-_NUMBER_WORDS = (
-    {word: str(value) for value, word in enumerate(_UNIT_WORDS)}
-    | {word: str(10 * tens) for tens, word in enumerate(_TENS_WORDS, start=3)}
-    | {"hundred": "100", "thousand": "1000", "million": "1000000"}
-)
-
-_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-_MONTHS = (
-    "january", "february", "march", "april", "may", "june", "july", "august", "september",
-    "october", "november", "december",
-)  # fmt: skip
-_DATE_WORDS = (
-    {day: day for day in _WEEKDAYS}
-    | {day + "s": day for day in _WEEKDAYS}
-    | {"tue": "tuesday", "tues": "tuesday", "thu": "thursday", "thurs": "thursday"}
-    | {"fri": "friday", "today": "today", "tomorrow": "tomorrow", "yesterday": "yesterday"}
-    | {"tonight": "tonight", "weekend": "weekend", "weekends": "weekend"}
-    | {month: month for month in _MONTHS}
-    | {month[:3]: month for month in _MONTHS if month not in ("may", "march")}
-    | {"sept": "september"}
-)
-_CASE_SENSITIVE_MONTHS = {"may", "march"}  # modal verb / verb unless capitalised
-
-_NEGATIONS = {
-    "not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot",
-    "dont", "doesnt", "didnt", "isnt", "arent", "wasnt", "werent", "cant", "couldnt",
-    "shouldnt", "wouldnt", "havent", "hasnt", "hadnt",
-}  # fmt: skip
-
-_DIRECTION_MARKERS = {
-    "from", "to", "into", "onto", "toward", "towards", "than", "before", "after", "over",
-    "above", "below", "under",
-}  # fmt: skip
-_DIRECTION_BOUNDARIES = {"and", "or", "but", "in", "on", "at", "with", "for", "by", "because"}
-_STOPWORDS = {"the", "a", "an", "of", "is", "are", "be", "was", "were"}
-# A capital on these opening a sentence is grammar, not a name ("The user ..." vs "User ...").
-_SENTENCE_STARTERS = {
-    "the", "a", "an", "this", "that", "these", "those", "there", "here", "it", "its", "he",
-    "she", "they", "we", "you", "i", "my", "his", "her", "their", "our", "your", "user", "users",
-    "in", "on", "at", "for", "from", "to", "with", "by", "and", "or", "but", "if", "when",
-    "every", "each", "all", "some", "always", "also", "has", "have", "had", "is", "was", "are",
-    "does", "do", "did", "can", "will", "would", "should", "must",
-}  # fmt: skip
-
-_ANTONYM_GROUPS: tuple[tuple[frozenset[str], ...], ...] = tuple(
-    tuple(frozenset(family.split()) for family in group)
-    for group in (
-        ("like likes liked liking", "dislike dislikes disliked disliking"),
-        ("love loves loved loving", "hate hates hated hating"),
-        ("prefer prefers preferred preferring", "avoid avoids avoided avoiding"),
-        ("morning mornings", "afternoon afternoons", "evening evenings", "night nights"),
-        ("enable enables enabled", "disable disables disabled"),
-        ("early earlier", "late later"),
-    )
-)
-
-
-def _prepare(text: str) -> str:
-    text = unicodedata.normalize("NFKC", text).replace("\u2019", "'").replace("\u2018", "'")
-    return _CLOCK_SUFFIX.sub(r"\1\2m", text)
-
-
-def _tokens(text: str) -> list[str]:
-    return _TOKEN.findall(_prepare(text))
-
-
-def _word(token: str) -> str:
-    word = token.casefold()
-    return word[:-2] if word.endswith("'s") else word
-
-
-def _words(text: str) -> list[str]:
-    return [_word(token) for token in _tokens(text)]
-
-
-def _date_key(token: str) -> str | None:
-    word = _word(token)
-    if _DATE_TOKEN.fullmatch(word):
-        return word
-    if word in _CASE_SENSITIVE_MONTHS and not token[0].isupper():
-        return None
-    return _DATE_WORDS.get(word)
-
-
-def _number_key(token: str) -> str | None:
-    word = _DIGITS_COMMA.sub("", _word(token))
-    if any(char.isdigit() for char in word):
-        return word
-    return _NUMBER_WORDS.get(word)
-
-
-def _dates(text: str) -> list[str]:
-    return [key for token in _tokens(text) if (key := _date_key(token)) is not None]
-
-
-def _numbers(text: str) -> list[str]:
-    keys = (None if _date_key(t) else _number_key(t) for t in _tokens(text))
-    return [key for key in keys if key is not None]
-
-
-def _is_negation(word: str) -> bool:
-    return word in _NEGATIONS or word.endswith("n't")
-
-
-def _negation_count(text: str) -> int:
-    return sum(_is_negation(word) for word in _words(text))
-
-
-def _is_name(token: str, sentence_initial: bool) -> bool:
-    if not token[0].isupper() or any(char.isdigit() for char in token) or _date_key(token):
-        return False
-    word = _word(token)
-    if _is_negation(word) or word == "i" or word.startswith("i'"):
-        return False  # negations have their own check; "I" is not a name
-    return not (sentence_initial and word in _SENTENCE_STARTERS)
-
-
-def _names(text: str) -> set[str]:
-    """Capitalised words, except digits/dates and function words opening a sentence."""
-    prepared = _prepare(text)
-    return {
-        _word(match.group())
-        for match in _TOKEN.finditer(prepared)
-        if _is_name(match.group(), _sentence_initial(prepared, match.start()))
-    }
-
-
-def _sentence_initial(text: str, start: int) -> bool:
-    """Whether ``text[start:]`` opens a sentence: scans back over openers only, so a long text
-    costs linear time (a regex over the whole prefix per token was quadratic: 40 s at 100 KB)."""
-    i = start
-    while i > 0:
-        char = text[i - 1]
-        if char in _SENTENCE_STOPS:
-            return True
-        if not (char.isspace() or char in _SENTENCE_OPENERS):
-            return False
-        i -= 1
-    return True
-
-
-def _direction_labels(text: str) -> tuple[list[str], dict[str, frozenset[str]]]:
-    """Directional markers (sorted), and for each content word the markers it follows."""
-    markers: list[str] = []
-    labels: dict[str, set[str]] = {}
-    current = "^"
-    for word in _words(text):
-        if word in _DIRECTION_MARKERS:
-            markers.append(word)
-            current = word
-        elif word in _DIRECTION_BOUNDARIES:
-            current = "^"
-        elif word not in _STOPWORDS:
-            labels.setdefault(word, set()).add(current)
-    return sorted(markers), {word: frozenset(found) for word, found in labels.items()}
-
-
-def _direction_differs(text_a: str, text_b: str) -> bool:
-    markers_a, labels_a = _direction_labels(text_a)
-    markers_b, labels_b = _direction_labels(text_b)
-    if not markers_a or markers_a != markers_b:
-        return False
-    shared = labels_a.keys() & labels_b.keys()
-    return any(labels_a[word] != labels_b[word] for word in shared)
-
-
-def _antonym_differs(text_a: str, text_b: str) -> bool:
-    words_a, words_b = set(_words(text_a)), set(_words(text_b))
-    for group in _ANTONYM_GROUPS:
-        used_a = {i for i, family in enumerate(group) if family & words_a}
-        used_b = {i for i, family in enumerate(group) if family & words_b}
-        if used_a and used_b and used_a != used_b:
-            return True
-    return False
-
-
-def _name_differs(text_a: str, text_b: str) -> bool:
-    words_a, words_b = set(_words(text_a)), set(_words(text_b))
-    return bool(_names(text_a) - words_b or _names(text_b) - words_a)
-
-
-def near_miss_reasons(text_a: str, text_b: str) -> list[str]:
-    """Reason codes why two look-alike texts differ in a fact that matters; [] = safe duplicates.
-
-    Codes, always in this order: number, date, negation, name, direction, antonym.
-    """
-    checks = (
-        ("number", _numbers(text_a) != _numbers(text_b)),
-        ("date", _dates(text_a) != _dates(text_b)),
-        ("negation", _negation_count(text_a) != _negation_count(text_b)),
-        ("name", _name_differs(text_a, text_b)),
-        ("direction", _direction_differs(text_a, text_b)),
-        ("antonym", _antonym_differs(text_a, text_b)),
-    )
-    return [code for code, differs in checks if differs]
-
-
-def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
-    """Reason codes why ``text`` (a model's merge of ``sources``) cannot stand for them: it
-    adds or drops a number, a date or a name the sources state, or says "not" where none of
-    them does (or the reverse). [] = every such fact is carried over, none invented."""
-    source_words = set().union(*(_words(s) for s in sources))
-    text_words = set(_words(text))
-    stated_names = set().union(*(_inner_names(s) for s in sources))
-    checks = (
-        ("number", set(_numbers(text)) != set().union(*(_numbers(s) for s in sources))),
-        ("date", set(_dates(text)) != set().union(*(_dates(s) for s in sources))),
-        ("negation", (_negation_count(text) > 0) != any(_negation_count(s) for s in sources)),
-        ("name", bool(_inner_names(text) - source_words or stated_names - text_words)),
-    )
-    return [code for code, differs in checks if differs]
-
-
-def differing_facts(text_a: str, text_b: str) -> list[str]:
-    """What could make two texts state conflicting facts: a number, date or name (inside a
-    sentence: its first word is as often a rephrased verb, "Likes" / "Enjoys") that one states
-    and the other replaces — each has one the other lacks ("B1" / "B2"; not "a dog" / "2 cats",
-    which only adds a detail) —, a negation, direction or antonym. [] = nothing."""
-    reasons = []
-    for code, values in (("number", _numbers), ("date", _dates)):
-        a, b = set(values(text_a)), set(values(text_b))
-        if a - b and b - a:
-            reasons.append(code)
-    names_a = _inner_names(text_a) - set(_words(text_b))
-    names_b = _inner_names(text_b) - set(_words(text_a))
-    if names_a and names_b:
-        reasons.append("name")
-    near = near_miss_reasons(text_a, text_b)
-    return reasons + [r for r in ("negation", "direction", "antonym") if r in near]
-
-
-_ABBREVIATIONS = frozenset({"dr", "mr", "mrs", "ms", "prof", "st", "mt", "jr", "sr"})
-
-
-def _inner_names(text: str) -> set[str]:
-    """Capitalised words inside a sentence: a sentence's first word is as often a verb
-    ("Likes green tea") as a name, and a merge may rephrase it. A colon or semicolon does not
-    open a sentence here ("Manager: Alice"), nor a title's full stop ("Dr. Jones")."""
-    prepared = _prepare(text)
-    return {
-        _word(match.group())
-        for match in _TOKEN.finditer(prepared)
-        if _is_name(match.group(), False) and not _opens_sentence(prepared, match.start())
-    }
-
-
-def _opens_sentence(text: str, start: int) -> bool:
-    i = start
-    while i > 0 and (text[i - 1].isspace() or text[i - 1] in _SENTENCE_OPENERS):
-        i -= 1
-    if i == 0:
-        return True
-    if text[i - 1] not in ".!?\n":
-        return False
-    before = _TOKEN.findall(text[max(0, i - 12) : i - 1])
-    return not (text[i - 1] == "." and before and before[-1].casefold() in _ABBREVIATIONS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ from gc_worker.queries import q
 from jobs.compaction_records import MERGED_SOURCE, TRUST_SOURCES
 from jobs.importance import BUDGET, INVALID, UNAVAILABLE
 from jobs.llm_support import deferred
-from jobs.similarity import unsupported_facts
+from jobs.text_facts import unsupported_facts
 
 NAME = "user_cap"
 REASON = "over_cap"

@@ -13,13 +13,11 @@ from jobs.similarity import (
     complete_linkage_groups,
     content_hash,
     cosine_matrix,
-    differing_facts,
     invalid_vector_rows,
-    near_miss_reasons,
     normalise_text,
     pairs_above,
-    unsupported_facts,
 )
+from jobs.text_facts import differing_facts, near_miss_reasons, unsupported_facts
 
 THRESHOLD = 0.85
 
