@@ -18,9 +18,10 @@ episodic memories, which are events — two minutes of ``observed_at``
 
 Per group:
 - members that differ in a fact that matters (``jobs.text_facts.near_miss_reasons``: number,
-  date, negation, direction, antonym) never merge, online or offline, and no model is asked:
-  one ``deferred`` action (reason ``near_miss``, the reasons per pair) — such pairs are the
-  contradiction job's to judge;
+  date, negation, direction, antonym) never merge, online or offline: taken earliest first, a
+  member differing so from one already kept stays out (``fact_consistent``); with fewer than
+  two left no model is asked and the group is one ``deferred`` action (reason ``near_miss``,
+  the reasons per pair) — such pairs are the contradiction job's to judge;
 - exact duplicates (same normalised text) merge deterministically, online or offline: the
   earliest member's text, its embedding copied (reason ``exact_duplicates``);
 - otherwise the LLM is asked once (cached on the exact inputs): one merged statement for the
