@@ -312,10 +312,15 @@ def _describe(err: Mapping[str, Any], merged: Mapping[str, Any], origin: Mapping
 _BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
 
 
+def _field(section: str, key: str) -> Any:
+    """The declaration of setting ``section.key``, or None."""
+    model = getattr(Settings.model_fields.get(section), "annotation", None)
+    return getattr(model, "model_fields", {}).get(key)
+
+
 def _tuple_width(section: str, key: str) -> int:
     """How many items a fixed-length tuple setting takes (0 if it is not one)."""
-    model = getattr(Settings.model_fields.get(section), "annotation", None)
-    field = getattr(model, "model_fields", {}).get(key)
+    field = _field(section, key)
     if field is None or typing.get_origin(field.annotation) is not tuple:
         return 0
     args = typing.get_args(field.annotation)
@@ -324,8 +329,7 @@ def _tuple_width(section: str, key: str) -> int:
 
 def _allowed(section: str, key: str) -> str:
     """What the key accepts, from its declaration: type and bounds, or the choices."""
-    model = getattr(Settings.model_fields.get(section), "annotation", None)
-    field = getattr(model, "model_fields", {}).get(key)
+    field = _field(section, key)
     if field is None:
         return ""
     if typing.get_origin(field.annotation) is Literal:

@@ -273,51 +273,37 @@ def banner(report: Report) -> tuple[str, str, str]:
     run_id, status = _text(report.get("run_id")), report.get("status")
     plan, applied_by = report.get("plan_run_id"), report.get("applied_by")
     if _is_dry_run(report):
+        nothing = "Dry run — nothing was changed."
         if applied_by:
-            done = f"Its plan was applied by run {applied_by}."
-            return "dry", "Dry run — nothing was changed.", done
+            return "dry", nothing, f"Its plan was applied by run {applied_by}."
         if status == "rejected":
             return "dry", "Dry run — rejected.", "Its plan will never be applied."
         if status != "completed":
             return "dry", f"Dry run — {status}, not complete.", "Its plan cannot be applied."
-        return (
-            "dry",
-            "Dry run — nothing was changed.",
-            (f"To apply exactly this plan, run `memory-gc apply {run_id}`"),
-        )
+        return "dry", nothing, f"To apply exactly this plan, run `memory-gc apply {run_id}`"
     if report.get("mode") == "restore":
         return "applied", "Restore run.", "It put back what is listed; it cannot itself be undone."
     if report.get("trigger") == "erasure":
-        if status != "completed":
-            return (
-                "incomplete",
-                f"Erasure run — {status}.",
-                (
-                    "What it erased stays erased; the request stays pending and the next run "
-                    "finishes it."
-                ),
-            )
-        return "applied", "Erasure run.", "What it erased is never undone."
-    if status == "running":
-        return (
-            "incomplete",
-            "Running.",
-            "A process is working this run; render it again later.",
+        if status == "completed":
+            return "applied", "Erasure run.", "What it erased is never undone."
+        pending = (
+            "What it erased stays erased; the request stays pending and the next run finishes it."
         )
+        return "incomplete", f"Erasure run — {status}.", pending
+    if status == "running":
+        return "incomplete", "Running.", "A process is working this run; render it again later."
     if status != "completed":
         finish = f"; `memory-gc apply {plan}` finishes it" if plan else ""
+        undo = f"`memory-gc restore --run {run_id}` undoes it{finish}."
         return (
             "incomplete",
             f"Not complete — {status}.",
-            (
-                f"What it applied so far is listed and stays; `memory-gc restore --run {run_id}` "
-                f"undoes it{finish}."
-            ),
+            f"What it applied so far is listed and stays; {undo}",
         )
     return (
         "applied",
         "Applied.",
-        (f"To undo while the rows still exist: `memory-gc restore --run {run_id}`"),
+        f"To undo while the rows still exist: `memory-gc restore --run {run_id}`",
     )
 
 

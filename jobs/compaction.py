@@ -70,7 +70,7 @@ from jobs.llm_support import (
     with_embeddings,
 )
 from jobs.similarity import complete_linkage_groups, normalise_text
-from jobs.text_facts import near_miss_reasons, unsupported_facts
+from jobs.text_facts import near_miss_reasons, unsupported_reason
 
 __all__ = ["NAME", "exact_duplicates", "find_groups", "plan"]
 
@@ -110,8 +110,7 @@ def find_groups(
         when = row.observed_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
         event = when if row.memory_type == "episodic" else ""
         # rows of one trust level only: a merge neither raises a claim nor lowers a statement
-        trust = getattr(row, "trust", 0)
-        by_slot[(_key(row.slot), _key(getattr(row, "scope", None)), event, trust)].append(index)
+        by_slot[(_key(row.slot), _key(row.scope), event, row.trust)].append(index)
     by_id = {row.id: row for row in kept}
     groups = []
     for slot in sorted(by_slot):
@@ -203,8 +202,7 @@ def unsupported_merge(answer: Any, members: Sequence[Any]) -> str | None:
     a number, date, name or negation that the members state (``unsupported_facts``)."""
     if not answer.is_duplicate_set:
         return None
-    reasons = unsupported_facts(answer.merged_text, [m.content for m in members])
-    return f"merged text {' and '.join(reasons)} not as the members state it" if reasons else None
+    return unsupported_reason(answer.merged_text, [m.content for m in members], "merged text")
 
 
 def embed_merges(ctx: BatchContext, gate: ModelGate, merges: Sequence[Merge]) -> None:

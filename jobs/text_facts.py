@@ -260,6 +260,13 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
     return [code for code, differs in checks if differs]
 
 
+def unsupported_reason(text: str, sources: Sequence[str], what: str) -> str | None:
+    """``unsupported_facts`` as a rejection reason for ``what`` ("merged text", "summary"), or
+    None when the text may stand for its sources."""
+    reasons = unsupported_facts(text, sources)
+    return f"{what} {' and '.join(reasons)} not as its sources state it" if reasons else None
+
+
 def differing_facts(text_a: str, text_b: str) -> list[str]:
     """What could make two texts state conflicting facts: a number, date or name (inside a
     sentence: its first word is as often a rephrased verb, "Likes" / "Enjoys") that one states

@@ -57,7 +57,7 @@ from gc_worker.queries import q
 from jobs.compaction_records import MERGED_SOURCE, TRUST_SOURCES
 from jobs.importance import BUDGET, INVALID, UNAVAILABLE
 from jobs.llm_support import deferred
-from jobs.text_facts import unsupported_facts
+from jobs.text_facts import unsupported_reason
 
 NAME = "user_cap"
 REASON = "over_cap"
@@ -254,13 +254,6 @@ def summary_embedding(
     return centroid_embedding(vectors), "centroid"
 
 
-def lost_facts(summary: str, folded: Sequence[str]) -> str | None:
-    """Why a summary cannot stand for the folded rows (None: it can) — it is all that stays
-    once they are purged: a number, date, name or negation they state is missing, or added."""
-    lost = unsupported_facts(summary, folded)
-    return f"summary {' and '.join(lost)} not as the folded rows state it" if lost else None
-
-
 def plan_overflow(ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any]) -> list[Action]:
     """One over-cap user's actions in summarize mode."""
     if not overflow.fold:
@@ -270,8 +263,11 @@ def plan_overflow(ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any
     members = [(row.id, full[row.id].content) for row in overflow.fold]
     ctx.stop_if_asked()
     try:
-        text = ctx.llm.summarize(overflow.user_id, members, vet=lambda summary: lost_facts(
-            summary, [content for _, content in members]))  # fmt: skip
+        # the summary is all that stays once the folded rows are purged: it must carry their facts
+        folded = [content for _, content in members]
+        text = ctx.llm.summarize(
+            overflow.user_id, members, vet=lambda s: unsupported_reason(s, folded, "summary")
+        )
     except LLMError as exc:
         return declined(ctx, overflow, failure_reason(ctx, exc))
     embedding, source = summary_embedding(ctx, text, overflow.fold, full)
