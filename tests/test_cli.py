@@ -209,6 +209,25 @@ class TestBadInput:
         assert fragment in capsys.readouterr().err
         assert snapshot(engine) == before
 
+    @pytest.mark.parametrize(
+        ("argv", "code"),
+        [
+            (["run", "--dry-run", "--now", "1971-01-01T00:00:00Z"], 0),
+            (["run", "--dry-run", "--now", "1970-12-31T23:59:59Z"], 2),
+            (["run", "--dry-run", "--now", "9000-12-31T23:59:59Z"], 0),
+            (["run", "--dry-run", "--now", "9001-01-01T00:00:00Z"], 2),
+            (["runs", "--limit", "1"], 0),
+            (["runs", "--limit", "0"], 2),
+        ],
+    )
+    def test_bounds_just_inside_and_just_outside(self, engine, cli_env, capsys, argv, code):
+        """--now within the years 1971–9000 runs (the edges included), one second outside is
+        refused; --limit 1 is the smallest accepted."""
+        seeded(engine)
+        before = snapshot(engine)
+        assert main(argv) == code
+        assert snapshot(engine) == before
+
     @pytest.mark.parametrize("where", ["directory", "unwritable"])
     def test_a_report_path_that_cannot_be_written_is_refused_before_the_run(
         self, engine, cli_env, capsys, tmp_path, where

@@ -215,6 +215,19 @@ class TestOffline:
         merged = run(engine, settings, jobs=["compaction"])
         assert merged["totals"]["by_action"] == {"create_merged": 1, "merge": 2}
 
+    @pytest.mark.parametrize(
+        ("second", "merges"),
+        [(59, True), (60, False)],  # 08:00:00 with 08:00:59 (same minute) / 08:01:00 (the next)
+    )
+    def test_an_event_is_one_minute_of_observed_at(self, engine, settings, second, merges):
+        """Episodic duplicates merge within one UTC minute of observed_at, not across two."""
+        at = days_ago(5).replace(hour=8, minute=0, second=0, microsecond=0)
+        for offset in (0, second):
+            add(engine, "u1", "Took insulin", memory_type="episodic", embedding=E0,
+                observed_at=at + timedelta(seconds=offset), created_at=at)  # fmt: skip
+        actions = run(engine, settings, jobs=["compaction"])["totals"]["by_action"]
+        assert actions == ({"create_merged": 1, "merge": 2} if merges else {})
+
     def test_rows_of_two_trust_levels_do_not_merge(self, engine, settings):
         """An external claim and the user's own statement of the same text stay apart: a merge
         would either raise the claim or lower the statement."""
