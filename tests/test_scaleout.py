@@ -59,9 +59,13 @@ hang_at = int(os.environ.get("GC_TEST_HANG_AT", "0"))
 hung = os.environ.get("GC_TEST_HUNG")
 plan, refresh, batches = ttl.plan, decay.refresh, [0]
 
+def note(path, text):  # atomically: the test may read it at any moment
+    Path(path + ".tmp").write_text(text)
+    os.replace(path + ".tmp", path)
+
 def slow_plan(ctx):
     if started:
-        Path(started).write_text(ctx.users[0])
+        note(started, ctx.users[0])
     time.sleep(delay)
     return plan(ctx)
 
@@ -69,7 +73,7 @@ def hanging_refresh(ctx):
     changed = refresh(ctx)
     batches[0] += 1
     if batches[0] == hang_at:  # inside the batch transaction, after the executor ran
-        Path(hung).write_text(ctx.users[0])
+        note(hung, ctx.users[0])
         time.sleep(600)
     return changed
 
