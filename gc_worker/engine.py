@@ -29,7 +29,7 @@ import structlog
 from sqlalchemy.engine import Connection, Engine
 
 import jobs
-from gc_worker import audit, triage
+from gc_worker import audit, erasure, triage
 from gc_worker.batch_run import process_next_batch
 from gc_worker.claims import participating
 from gc_worker.config import Settings
@@ -236,6 +236,9 @@ def _work_run(
         ):
             if on_batch:
                 on_batch(1)
+        if not (should_stop and should_stop()):
+            structlog.contextvars.unbind_contextvars("batch_no")
+            erasure.complete_rowless(engine, run)  # requests no batch visits: users without rows
     except Exception as exc:
         _fail(engine, run_id, exc)
         raise

@@ -115,18 +115,45 @@ def _forget_traces(
     params = {"kind": "user", "user_id": user_id, "memory_id": None,
               "purge_now": purge_now, "requested_by": requested_by}  # fmt: skip
     filed = conn.execute(q("erasure_file_request"), params).mappings().one()
-    scrub(conn, [], users=[user_id], whole_users=[user_id])
-    now = datetime.now(UTC)
-    done = (
-        conn.execute(
-            q("erasure_complete_at_once"),
-            {"id": filed["id"], "now": now, "empty_result": json.dumps(EMPTY_RESULT)},
-        )
-        .mappings()
-        .one()
-    )
-    log.info("erasure.traces_scrubbed", user_id=user_id, request_id=str(filed["id"]))
+    done = _scrub_and_complete(conn, filed, now=datetime.now(UTC), run_id=None)
     return FiledRequest(**done, created=True)
+
+
+def _scrub_and_complete(
+    conn: Connection, request: Any, *, now: datetime, run_id: UUID | None
+) -> dict[str, Any]:
+    """Complete a pending request of a user with no memory rows: there is nothing to
+    soft-delete, only what the worker's tables keep (about the user, or about the memory)."""
+    if request["kind"] == "user":
+        scrub(conn, [], users=[request["user_id"]], whole_users=[request["user_id"]])
+    else:
+        scrub(conn, [request["memory_id"]], users=[request["user_id"]])
+    params = {"id": request["id"], "now": now, "run_id": run_id,
+              "empty_result": json.dumps(EMPTY_RESULT)}  # fmt: skip
+    done = conn.execute(q("erasure_complete_at_once"), params).mappings().one()
+    log.info("erasure.traces_scrubbed", user_id=request["user_id"], request_id=str(request["id"]))
+    return dict(done)
+
+
+def complete_rowless(engine: Engine, run: dict[str, Any]) -> int:
+    """At the end of an applying run with the erasure job: complete the pending requests of
+    users who have no memory rows (the application filed the request with an INSERT, or deleted
+    the rows after filing it). No batch visits such a user, so without this they would stay
+    pending for ever, and what the worker kept about the user with them. Each user waits for
+    any batch still holding them (as ``forget-user`` does). Returns how many were completed."""
+    if run["mode"] != "apply" or JOB not in run["jobs"]:
+        return 0
+    with engine.connect() as conn:
+        users = list(conn.execute(q("erasure_rowless_users"), {"users": run["users"]}).scalars())
+    completed = 0
+    for user_id in users:
+        with transaction(engine) as conn:
+            conn.execute(q("lock_user_xact"), {"user_id": user_id})
+            pending = conn.execute(q("erasure_rowless_requests"), {"user_id": user_id}).mappings()
+            for request in pending.all():
+                _scrub_and_complete(conn, request, now=run["now"], run_id=run["id"])
+                completed += 1
+    return completed
 
 
 def _already_erased(

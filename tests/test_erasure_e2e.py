@@ -321,6 +321,55 @@ class TestForgetAfterTheRealJobs:
         assert verify(engine, now=NOW, user_id="u1").residues == []
         assert main(["forget-user", "nobody-at-all"]) == 2  # no rows, no traces: unknown
 
+    @pytest.mark.parametrize("kind", ["user", "memory"])
+    def test_a_request_the_application_inserts_for_a_user_without_rows_is_completed(
+        self, engine, settings, kind
+    ):
+        """The application files the request with an INSERT (as docs/erasure.md shows) and
+        deletes the user's rows itself. No batch visits a user without rows, so the request
+        used to stay pending for ever with the worker's traces of the user. A dry run leaves it
+        pending; the next applying run scrubs those traces and completes it."""
+        from tests.fake_model import FakeModel, fake_port
+        from tests.test_compaction import E0, at_similarity
+
+        parrot = add(engine, "u1", "Keeps a parrot named Quokkaberry", embedding=E0)
+        add(engine, "u1", "Has a pet parrot called Quokkaberry", embedding=at_similarity(0.95))
+        bystander = add(engine, "u2", "Keeps bees in the garden")
+        with fake_port(engine, settings, FakeModel("good")) as llm:
+            run(engine, settings, dry_run=True, llm=llm)  # a stored plan: previews, a record
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO gc_erasure_requests (kind, user_id, memory_id)"
+                    " VALUES (:kind, 'u1', :memory_id)"
+                ),
+                {"kind": kind, "memory_id": parrot if kind == "memory" else None},
+            )
+            conn.execute(sa.text("DELETE FROM memories WHERE user_id = 'u1'"))
+        assert full_text_scan(engine, ["quokkaberry"])
+        run(engine, settings, dry_run=True)
+        assert requests(engine)[0]["status"] == "pending"  # a dry run never completes one
+        applied = run(engine, settings)
+        request = requests(engine)[0]
+        assert request["status"] == "completed"
+        assert str(request["run_id"]) == applied["run_id"]
+        assert request["result"]["scrubbed_at"]
+        if kind == "user":
+            assert full_text_scan(engine, ["quokkaberry"]) == []
+            assert verify(engine, now=NOW, user_id="u1").residues == []
+        else:  # what was kept about that memory goes: its plan row, the record naming it
+            assert verify(engine, now=NOW, memory_id=parrot).residues == []
+            assert (
+                count(
+                    engine,
+                    "SELECT count(*) FROM gc_actions WHERE memory_id = :id"
+                    " AND content_preview IS NOT NULL",
+                    id=parrot,
+                )
+                == 0
+            )
+        assert status(engine, bystander) == "active"
+
     @pytest.mark.parametrize("rows_left", [True, False])
     def test_sweep_errors_of_a_forgotten_user_are_cleared(self, engine, settings, rows_left):
         """A failed sweep request's error text (which once quoted driver messages) is cleared

@@ -224,10 +224,10 @@ SELECT EXISTS (SELECT 1 FROM gc_actions a
                WHERE user_id = :user_id AND error IS NOT NULL AND error <> 'removed by erasure')
 
 -- erasure_complete_at_once --
--- Complete a user request that has no memory rows to erase: only the worker's tables held
--- anything, and they were scrubbed in this transaction.
+-- Complete a request that has no memory rows to erase: only the worker's tables held
+-- anything, and they were scrubbed in this transaction (run_id: the run that did it, if any).
 UPDATE gc_erasure_requests
-SET status = 'completed', completed_at = :now,
+SET status = 'completed', completed_at = :now, run_id = :run_id,
     result = result || CAST(:empty_result AS jsonb)
              || jsonb_build_object('scrubbed_at', clock_timestamp())
 WHERE id = :id AND status = 'pending'
@@ -243,3 +243,22 @@ RETURNING id
 -- Wait for any batch holding this user (lock_batch_users, same key) and keep the user for the
 -- rest of this transaction.
 SELECT pg_advisory_xact_lock(4242001, hashtext(:user_id))
+
+-- erasure_rowless_users --
+-- Users (of the run's :users; NULL: all) with a pending request and no memory row.
+SELECT DISTINCT r.user_id
+FROM gc_erasure_requests r
+WHERE r.status = 'pending'
+  AND (CAST(:users AS text[]) IS NULL OR r.user_id = ANY(CAST(:users AS text[])))
+  AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.user_id = r.user_id)
+ORDER BY r.user_id
+
+-- erasure_rowless_requests --
+-- The user's pending requests, if the user still has no memory row (under lock_user_xact, so
+-- no batch holds the user; a row the application inserted since makes it a batch's work again).
+SELECT r.id, r.kind, r.user_id, r.memory_id
+FROM gc_erasure_requests r
+WHERE r.status = 'pending' AND r.user_id = :user_id
+  AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.user_id = :user_id)
+ORDER BY r.requested_at
+FOR UPDATE OF r
