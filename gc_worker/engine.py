@@ -231,14 +231,15 @@ def _work_run(
     if llm is not None:
         llm.begin_run()
     try:
-        while not (should_stop and should_stop()) and retrying(
-            BATCH_ATTEMPTS, lambda: process_next_batch(engine, run, settings, llm, should_stop)
-        ):
+        while not (should_stop and should_stop()):
+            if not retrying(
+                BATCH_ATTEMPTS, lambda: process_next_batch(engine, run, settings, llm, should_stop)
+            ):  # no batch left to claim: the requests no batch visits (users without rows)
+                structlog.contextvars.unbind_contextvars("batch_no")
+                erasure.complete_rowless(engine, run)
+                break
             if on_batch:
                 on_batch(1)
-        if not (should_stop and should_stop()):
-            structlog.contextvars.unbind_contextvars("batch_no")
-            erasure.complete_rowless(engine, run)  # requests no batch visits: users without rows
     except Exception as exc:
         _fail(engine, run_id, exc)
         raise
