@@ -4,7 +4,8 @@
    the action was planned. A row that is gone or changed has *drifted*: its action — and every
    action of the same group — is skipped and reported, never applied. A row an application
    transaction holds right now is skipped too (``SKIP LOCKED``), never waited for, so the
-   worker cannot deadlock with the request path; it is planned again next run.
+   worker cannot deadlock with the request path; it is planned again next run. An action
+   whose decision rested on other rows (``broken_premises``) drifts if those changed.
 2. Apply the rest with set-based statements, each checked against the count it was given
    (a mismatch raises, and the caller's transaction rolls back whole).
 3. Return what was applied with each row's prior state, for the audit and for restore.
@@ -50,7 +51,7 @@ def execute(
 ) -> Outcome:
     """Apply ``actions`` (in plan order) in ``conn``'s transaction; see the module docstring."""
     versions, prior = lock_rows(conn, actions)
-    drifted = drifted_actions(actions, versions)
+    drifted = drifted_actions(actions, versions, broken_premises(conn, actions, versions))
     outcome = Outcome(prior=prior)
     for action in actions:
         (outcome.drifted if id(action) in drifted else outcome.applied).append(action)
@@ -72,9 +73,47 @@ def lock_rows(
     return {row.id: row.row_version for row in rows}, {row.id: row.prior for row in rows}
 
 
-def drifted_actions(actions: Sequence[Action], versions: dict[UUID, int]) -> set[int]:
-    """ids() of actions whose row changed since planning, widened to their whole group."""
-    bad = {
+def broken_premises(
+    conn: Connection, actions: Sequence[Action], versions: dict[UUID, int]
+) -> set[int]:
+    """ids() of actions whose decision rested on other rows that changed since planning:
+
+    - ``details.depends_on`` ({id: version}): rows the action was decided against, e.g. the
+      newer fact a contradiction closes the older one for. Gone, changed, or held by an
+      application transaction right now (``SKIP LOCKED``: never waited for) — the premise is
+      broken. They are share-locked to the end of the batch, so it cannot break after the check;
+    - ``details.user_active`` (user_cap): the user's active rows when the evictions were
+      chosen; fewer now (the application deleted some) and evicting as planned would take the
+      user below the cap.
+    """
+    needed = {
+        UUID(str(dep))
+        for a in actions
+        for dep in a.details.get("depends_on", {})
+        if UUID(str(dep)) not in versions
+    }
+    known = dict(versions)
+    if needed:
+        rows = conn.execute(q("lock_dependencies"), {"ids": list(needed)}).all()
+        known |= {row.id: row.row_version for row in rows}
+    capped = sorted({a.user_id for a in actions if "user_active" in a.details})
+    active: dict[str, int] = {}
+    if capped:
+        active = {r.user_id: r.active for r in conn.execute(q("active_counts"), {"users": capped})}
+    return {
+        id(a)
+        for a in actions
+        if any(known.get(UUID(str(d))) != v for d, v in a.details.get("depends_on", {}).items())
+        or active.get(a.user_id, 0) < a.details.get("user_active", 0)
+    }
+
+
+def drifted_actions(
+    actions: Sequence[Action], versions: dict[UUID, int], broken: set[int] = frozenset()
+) -> set[int]:
+    """ids() of actions whose row changed since planning, or whose premise ``broken``
+    (broken_premises), widened to their whole group."""
+    bad = set(broken) | {
         id(a)
         for a in actions
         if a.row_version is not None and versions.get(a.memory_id) != a.row_version

@@ -138,6 +138,8 @@ def obsolete(pair: Pair) -> Action:
         "close_valid_until": end.isoformat() if end is not None else None,
         "basis": pair.basis,
         "memory_ids": [str(pair.older.id), str(pair.newer.id)],
+        # decided against the winner as it was: applied only while it still is (execute.py)
+        "depends_on": {str(winner.id): winner.row_version},
     }
     if pair.similarity is not None:
         details["similarity"] = round(pair.similarity, 4)

@@ -285,13 +285,27 @@ def work_params(settings: Settings, now: datetime) -> dict[str, Any]:
     return {"max_memories": settings.user_cap.max_memories}
 
 
-def over_cap_counts(ctx: BatchContext) -> dict[str, int]:
-    """Active rows per over-cap user, counting records created earlier in this batch."""
+def over_cap_counts(ctx: BatchContext) -> tuple[dict[str, int], dict[str, int]]:
+    """Active rows per over-cap user, counting records created earlier in this batch; and
+    every active row of those users in the store now (the premise of their evictions)."""
     cap = ctx.settings.user_cap.max_memories
     floor = cap - max(ctx.created.values(), default=0)
-    rows = ctx.conn.execute(q("user_cap_counts"), ctx.params(floor=floor))
+    rows = ctx.conn.execute(q("user_cap_counts"), ctx.params(floor=floor)).all()
     counts = {row.user_id: row.active + ctx.created[row.user_id] for row in rows}
-    return {user: n for user, n in counts.items() if n > cap}
+    present = {row.user_id: row.present for row in rows}
+    return {user: n for user, n in counts.items() if n > cap}, present
+
+
+def with_premise(actions: list[Action], present: Mapping[str, int]) -> list[Action]:
+    """Each action that changes the store carries the user's active rows when it was chosen
+    (``details.user_active``): applied later to a user with fewer (the application deleted
+    some since), the evictions would take the user below the cap, so they drift instead."""
+    return [
+        replace(a, details={**a.details, "user_active": present[a.user_id]})
+        if a.changes_store
+        else a
+        for a in actions
+    ]
 
 
 def plan_summaries(
@@ -313,9 +327,13 @@ def plan_summaries(
 
 
 def plan(ctx: BatchContext) -> list[Action]:
-    counts = over_cap_counts(ctx)
+    counts, present = over_cap_counts(ctx)
     if not counts:
         return []
+    return with_premise(_plan_over_cap(ctx, counts), present)
+
+
+def _plan_over_cap(ctx: BatchContext, counts: dict[str, int]) -> list[Action]:
     summarize = ctx.settings.user_cap.overflow == "summarize"
     cap = ctx.settings.user_cap.max_memories
     users = sorted(counts)

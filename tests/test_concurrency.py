@@ -256,6 +256,26 @@ class TestDuringABatch:
         assert report["jobs"]["ttl_expiry"]["drifted"] >= 2
         app.check_nothing_overwritten(full_snapshot(engine))
 
+    def test_a_newer_fact_retracted_while_the_batch_plans_keeps_the_older_one(
+        self, engine, monkeypatch
+    ):
+        """The application deletes the newer fact of a slot after the batch planned to close
+        the older one for it: the older fact stays current (drift), in a plain run too."""
+        from tests.store import add, days_ago, get
+
+        old = add(engine, "u1", "Lives in Paris", slot="profile.city", created_at=days_ago(10))
+        new = add(engine, "u1", "Lives in Berlin", slot="profile.city", created_at=days_ago(1))
+        add(engine, "u1", "long gone", status="deleted", deleted_at=days_ago(45))  # plans a purge
+
+        def retract(ctx: Any) -> None:
+            with engine.begin() as conn:
+                conn.execute(sa.text("DELETE FROM memories WHERE id = :id"), {"id": new})
+
+        monkeypatch.setattr(jobs.REGISTRY["hard_delete"], "plan", during_batch(retract))
+        report = run(engine, SETTINGS, jobs=["contradiction", "hard_delete"])
+        assert get(engine, old)["status"] == "active"
+        assert [d["memory_id"] for d in report["drifted"]] == [str(old)]
+
 
 def app_traffic(app: App, ids: list[UUID], users: list[str], stop: threading.Event, seed_: int):
     """One request-path thread: random single-row writes on its own share of the rows."""

@@ -133,6 +133,69 @@ class TestDrift:
         applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
         assert applied["totals"]["actions"] == 0 and len(applied["drifted"]) == 1
 
+    @staticmethod
+    def _city_pair(engine):
+        old = add(engine, "u1", "Lives in Paris", slot="profile.city", created_at=days_ago(10),
+                  observed_at=days_ago(10))  # fmt: skip
+        new = add(engine, "u1", "Lives in Berlin", slot="profile.city", created_at=days_ago(1),
+                  observed_at=days_ago(1))  # fmt: skip
+        return old, new
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            "DELETE FROM memories WHERE id = :id",
+            "UPDATE memories SET slot = NULL, content = 'Visited Berlin' WHERE id = :id",
+        ],
+    )
+    def test_a_fact_is_not_closed_for_a_newer_one_changed_since_planning(
+        self, engine, settings, change
+    ):
+        """The older fact is obsoleted *because of* the newer one: if the application
+        retracted or corrected the newer one after planning, the older stays current (the
+        action drifts) instead of leaving the user with neither."""
+        old, new = self._city_pair(engine)
+        plan = run(engine, settings, jobs=["contradiction"], dry_run=True)
+        assert acted_on(plan, "obsolete") == {str(old)}
+        execute(engine, change, id=new)
+        applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        assert status(engine, old) == "active" and get(engine, old)["valid_until"] is None
+        assert [d["memory_id"] for d in applied["drifted"]] == [str(old)]
+
+    def test_a_newer_fact_the_application_holds_is_not_waited_for(self, engine, settings):
+        """The newer fact is share-locked for the apply; one an application transaction holds
+        right now is treated as changed (drift), never waited for."""
+        old, new = self._city_pair(engine)
+        plan = run(engine, settings, jobs=["contradiction"], dry_run=True)
+        with engine.connect() as app:
+            app.execute(text("SELECT 1 FROM memories WHERE id = :id FOR UPDATE"), {"id": new})
+            applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+            app.rollback()
+        assert status(engine, old) == "active" and len(applied["drifted"]) == 1
+
+    def test_evictions_drift_when_the_user_deleted_rows_since_planning(self, engine):
+        """Evictions chosen for 5 rows under a cap of 3 are not applied once the application
+        deleted 2 of the kept rows: the user would be left with 1."""
+        capped = Settings(user_cap=UserCapSettings(max_memories=3))
+        rows = [add(engine, "u1", f"fact {i}", created_at=days_ago(10 + i)) for i in range(5)]
+        plan = run(engine, capped, jobs=["user_cap"], dry_run=True)
+        evicted = acted_on(plan)
+        assert len(evicted) == 2
+        kept = [r for r in rows if str(r) not in evicted]
+        execute(engine, "DELETE FROM memories WHERE id = ANY(:ids)", ids=kept[:2])
+        applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        assert applied["totals"]["actions"] == 0 and len(applied["drifted"]) == 2
+        assert all(status(engine, r) == "active" for r in kept[2:] + [UUID(e) for e in evicted])
+
+    def test_evictions_still_apply_when_the_user_only_gained_rows(self, engine):
+        capped = Settings(user_cap=UserCapSettings(max_memories=3))
+        for i in range(5):
+            add(engine, "u1", f"fact {i}", created_at=days_ago(10 + i))
+        plan = run(engine, capped, jobs=["user_cap"], dry_run=True)
+        add(engine, "u1", "a new fact")
+        applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        assert applied["totals"]["actions"] == 2 and applied["drifted"] == []
+
 
 class TestInvariants:
     def test_pinned_rows_never_change(self, engine, settings):

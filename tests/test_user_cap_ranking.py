@@ -62,7 +62,7 @@ def test_sql_ranking_takes_what_python_ranking_takes(engine, overflow: str) -> N
                 conn=conn, users=["a", "b", "c"], settings=settings, now=NOW + timedelta(days=1),
                 dry_run=True, importance=dict(reassessed),
             )  # fmt: skip
-            counts = user_cap.over_cap_counts(ctx)
+            counts, _ = user_cap.over_cap_counts(ctx)
             everything = conn.execute(sa.text(EVICTABLE)).all()
             expected = user_cap.plan_user_cap(everything, counts, cap=CAP, importance=reassessed)
             if overflow == "evict":

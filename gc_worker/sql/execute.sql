@@ -13,6 +13,23 @@ WHERE id = ANY(:ids)
 ORDER BY id
 FOR UPDATE SKIP LOCKED
 
+-- lock_dependencies --
+-- The rows actions were decided against (details.depends_on) that they do not change: their
+-- version, share-locked for the batch (an application transaction holding one: skipped, the
+-- caller treats it as changed).
+SELECT id, xmin::text::bigint AS row_version
+FROM memories
+WHERE id = ANY(:ids)
+ORDER BY id
+FOR SHARE SKIP LOCKED
+
+-- active_counts --
+-- Active rows per user (user_cap's premise, details.user_active).
+SELECT user_id, count(*) AS active
+FROM memories
+WHERE user_id = ANY(:users) AND status = 'active'
+GROUP BY user_id
+
 -- apply_status --
 -- Retire rows (deleted / obsolete / merged); never a pinned row unless erasure asked for it.
 UPDATE memories m

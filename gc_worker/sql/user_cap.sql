@@ -1,10 +1,11 @@
 -- user_cap_counts --
 -- Users of the batch with more active rows than the cap (pinned rows count, rows already acted on don't).
-SELECT user_id, count(*) AS active
+-- present: every active row, the premise the evictions are applied under (details.user_active).
+SELECT user_id, count(*) FILTER (WHERE NOT (id = ANY(:taken))) AS active, count(*) AS present
 FROM memories
-WHERE user_id = ANY(:users) AND status = 'active' AND NOT (id = ANY(:taken))
+WHERE user_id = ANY(:users) AND status = 'active'
 GROUP BY user_id
-HAVING count(*) > :floor
+HAVING count(*) FILTER (WHERE NOT (id = ANY(:taken))) > :floor
 
 -- user_cap_candidates --
 -- The evictable (active, unpinned) rows of the over-cap users that could be taken: per user the
