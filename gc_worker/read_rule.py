@@ -1,6 +1,6 @@
 """The read rule for the request path: what is current for a user at an instant.
 
-SQL: ``SELECT * FROM memory_gc_current(user_id, scope, at, known_at)`` (migrations 0005, 0008); the
+SQL: ``SELECT * FROM memory_gc_current(user_id, scope, at, known_at)`` (migrations 0005, 0009); the
 Python twin is ``current_memories``. A memory is current at ``at`` when all of these hold:
 
 1. Known: with ``known_at``, only records observed by then (``observed_at <= known_at``; a
@@ -15,9 +15,9 @@ Python twin is ``current_memories``. A memory is current at ``at`` when all of t
    not expired (``expires_at`` null or after ``at``).
 4. Not shadowed: no other row current at ``at`` that declares it in ``supersedes`` and is at
    least as trusted (a temporary override shadows what it overrides only inside its window).
-5. One per slot and scope (migration 0008): among rows of one ``slot`` in one ``scope``, the
-   most trusted wins, then a bounded override (one with ``valid_until``) over an open-ended
-   one, then the newest start.
+5. One per slot (per user, whatever the scope; migration 0009 undid 0008's per-scope ranking):
+   among the rows of one ``slot``, the most trusted wins, then a bounded override (one with
+   ``valid_until``) over an open-ended one, then the newest start.
 
 ``scope=None`` means every scope. Rows come back most important first, then newest.
 """

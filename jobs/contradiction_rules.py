@@ -88,17 +88,18 @@ def declared_pairs(rows: Sequence[Any]) -> list[Pair]:
 
 
 def scope_of(row: Any) -> str | None:
-    """The row's scope: rows of two scopes are never read together (memory_gc_current), so
-    they neither hold one slot nor contradict each other."""
+    """The row's scope (topic area): similar rows of two scopes are not put to the model as a
+    contradiction ("Deadline is Friday" in two projects). A slot is not split by scope."""
     return getattr(row, "scope", None)
 
 
 def slot_pairs(rows: Sequence[Any]) -> list[Pair]:
-    """Pairs between each open-ended row of a slot and the slot's holder."""
-    slots: dict[tuple[str, str, str], list[Any]] = defaultdict(list)
+    """Pairs between each open-ended row of a slot and the slot's holder: at most one current
+    memory per (user_id, slot), whatever the rows' scopes (the contract; migration 0009)."""
+    slots: dict[tuple[str, str], list[Any]] = defaultdict(list)
     for row in rows:
-        if row.slot is not None and row.valid_until is None:  # a slot is per scope
-            slots[(row.user_id, row.slot, scope_of(row) or "")].append(row)
+        if row.slot is not None and row.valid_until is None:
+            slots[(row.user_id, row.slot)].append(row)
     pairs = []
     for key in sorted(slots):
         members = slots[key]

@@ -47,14 +47,15 @@ class TestRules:
         target = row(user_id="u2")
         assert declared_pairs([target, row(supersedes=[target.id])]) == []
 
-    def test_a_slot_is_per_scope(self):
-        """The same slot in two scopes (a deadline per project) holds one value in each:
-        no pair across scopes."""
-        alpha = row("Deadline is Friday", slot="deadline", scope="alpha", observed_at=days_ago(5))
-        beta = row("Deadline is Monday", slot="deadline", scope="beta", observed_at=days_ago(1))
-        assert slot_pairs([alpha, beta]) == []
-        again = row("Deadline is Tuesday", slot="deadline", scope="alpha")
-        assert [(p.winner, p.loser) for p in slot_pairs([alpha, beta, again])] == [(again, alpha)]
+    def test_a_slot_holds_one_value_per_user_across_scopes(self):
+        """The contract: at most one current memory per (user_id, slot). "Level B1" noted in
+        onboarding and "Level B2" in lessons are one slot: the older loses (scopes are topic
+        areas, not separate slots; per-project values need per-project slot keys)."""
+        b1 = row("English level is B1", slot="english", scope="onboarding", observed_at=days_ago(5))
+        b2 = row("English level is B2", slot="english", scope="lessons", observed_at=days_ago(1))
+        assert [(p.winner, p.loser) for p in slot_pairs([b1, b2])] == [(b2, b1)]
+        other_user = row("English level is C1", slot="english", user_id="u2")
+        assert [(p.winner, p.loser) for p in slot_pairs([b1, b2, other_user])] == [(b2, b1)]
 
     def test_slot_holder_is_newest_of_the_most_trusted(self):
         """Older rows lose to the holder; a newer, less trusted row is a review."""

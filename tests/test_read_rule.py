@@ -136,17 +136,16 @@ class TestSlots:
         add(engine, "u1", "English level is B2", slot="english", created_at=days_ago(5))
         assert contents(engine, NOW) == ["English level is B2"]
 
-    def test_a_slot_holds_one_value_per_scope(self, engine):
-        """Project alpha's deadline and project beta's are both current in an unscoped read
-        (migration 0008; they used to compete for one slot), one each in a scoped read."""
-        alpha = add(engine, "u1", "Deadline is Friday", slot="deadline", scope="alpha")
-        beta = add(engine, "u1", "Deadline is Monday", slot="deadline", scope="beta")
-        newer_alpha = add(engine, "u1", "Deadline is Tuesday", slot="deadline", scope="alpha",
-                          observed_at=NOW + timedelta(seconds=1))  # fmt: skip
+    def test_a_slot_holds_one_value_per_user_across_scopes(self, engine):
+        """At most one current memory per (user_id, slot) (the contract; migration 0009 undid
+        0008's per-scope ranking): an unscoped read shows the newest value of the slot,
+        whatever scope it was noted in; a scoped read ranks the rows of that scope."""
+        onboarding = add(engine, "u1", "English level is B1", slot="english", scope="onboarding")
+        lessons = add(engine, "u1", "English level is B2", slot="english", scope="lessons",
+                      observed_at=NOW + timedelta(seconds=1))  # fmt: skip
         at = NOW + timedelta(minutes=1)
-        everything = {r["id"] for r in current_memories(engine, "u1", None, at)}
-        assert everything == {newer_alpha, beta} and alpha not in everything
-        assert [r["id"] for r in current_memories(engine, "u1", "beta", at)] == [beta]
+        assert [r["id"] for r in current_memories(engine, "u1", None, at)] == [lessons]
+        assert [r["id"] for r in current_memories(engine, "u1", "onboarding", at)] == [onboarding]
 
     def test_a_bounded_override_shadows_inside_its_window(self, engine):
         """A slot value with valid_until wins while valid, the open-ended one after."""
