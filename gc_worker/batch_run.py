@@ -22,8 +22,8 @@ from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
 from gc_worker.claims import claimed
 from gc_worker.config import Settings
-from gc_worker.db import transaction
-from gc_worker.errors import PlanAbandoned
+from gc_worker.db import describe_error, transaction
+from gc_worker.errors import DatabaseUnavailable, PlanAbandoned
 from gc_worker.execute import execute
 from gc_worker.queries import q
 
@@ -58,12 +58,26 @@ def process_next_batch(
         except PlanAbandoned:
             log.info("gc.batch_abandoned", batch_no=batch_no, reason="stop requested")
             return False
+        except DatabaseUnavailable:
+            raise  # the database is gone (or kept conflicting): the run stops here
+        except Exception as exc:  # this batch's users only: it rolled back; the run goes on
+            _fail_batch(claim, run, batch_no, exc)
+            return True
         finally:
             if summary is None and llm is not None:  # nothing written; its model calls were paid
                 claim.note_unapplied_llm(run["id"], _spent(llm, llm_before))
     if summary is not None:
         log.info("gc.batch_committed", batch_no=batch_no, users=len(claim.batch.users), **summary)
     return True
+
+
+def _fail_batch(claim: Any, run: dict[str, Any], batch_no: int, exc: Exception) -> None:
+    """Record a batch whose transaction rolled back (a job raised: a bug, a row it cannot
+    handle) as failed, so that one bad user does not stop every user after it, every night."""
+    error = describe_error(exc)
+    params = {"run_id": run["id"], "batch_no": batch_no, "error": error, "worker": WORKER_ID}
+    claim.conn.execute(q("fail_batch"), params)
+    log.error("gc.batch_failed", batch_no=batch_no, error=error)
 
 
 def _commit_batch(

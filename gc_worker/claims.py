@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,9 @@ from gc_worker.db import LOCK_NOT_AVAILABLE, describe_error, translated_errors
 from gc_worker.queries import q
 
 log = structlog.get_logger(__name__)
+# A batch whose worker died inside it this many times (claimed, never released: killed, out of
+# memory) is failed rather than handed to the next worker, which would die the same way.
+MAX_LOST_CLAIMS = 3
 
 
 @contextlib.contextmanager
@@ -74,12 +79,19 @@ def claimed(
         try:
             conn.execution_options(isolation_level="AUTOCOMMIT")
             conn.execute(q("keep_idle_session"))
+            claimed_no = None
             claim = _claim(conn, run_id)
-            if claim is not None and not _lock_users(conn, list(claim.batch.users), should_stop):
-                claim = None  # asked to stop while waiting: the batch stays pending
+            if claim is not None:
+                claimed_no = claim.batch.batch_no
+                if not _lock_users(conn, list(claim.batch.users), should_stop):
+                    claim = None  # asked to stop while waiting: the batch stays pending
             yield claim
         finally:
-            _release(conn, ("reset_session", {}), ("reset_lock_timeout", {}), ("unlock_claim", {}))
+            alive = [("release_claim", {"run_id": run_id, "batch_no": claimed_no})]
+            _release(
+                conn, ("reset_session", {}), ("reset_lock_timeout", {}),
+                *(alive if claimed_no is not None else []), ("unlock_claim", {}),
+            )  # fmt: skip
 
 
 def _lock_users(conn: Connection, users: list[str], should_stop: Callable[[], bool] | None) -> bool:
@@ -116,11 +128,23 @@ def _release(conn: Connection, *statements: tuple[str, dict[str, Any]]) -> None:
 
 def _claim(conn: Connection, run_id: UUID) -> Claim | None:
     for batch_no in conn.execute(q("pending_batches"), {"run_id": run_id}).scalars().all():
-        if conn.execute(q("try_claim_batch"), {"run_id": run_id, "batch_no": batch_no}).scalar():
-            batch = conn.execute(
-                q("claimed_batch"), {"run_id": run_id, "batch_no": batch_no}
-            ).first()
-            if batch is not None:
+        key = {"run_id": run_id, "batch_no": batch_no}
+        if conn.execute(q("try_claim_batch"), key).scalar():
+            batch = conn.execute(q("claimed_batch"), key).first()
+            lost = conn.execute(q("count_claim"), key).scalar() if batch is not None else None
+            if lost is not None and lost >= MAX_LOST_CLAIMS:
+                error = (
+                    f"the worker stopped inside this batch {lost} times (killed, out of "
+                    "memory?); given up so that the run's other batches get done"
+                )
+                conn.execute(q("fail_batch"), key | {"error": error, "worker": worker_id()})
+                log.error("gc.batch_failed", batch_no=batch_no, error=error)
+            elif lost is not None:
                 return Claim(conn, batch)
-            conn.execute(q("unlock_claim"))  # finished meanwhile by another worker
+            conn.execute(q("unlock_claim"))  # finished meanwhile by another worker, or failed
     return None
+
+
+def worker_id() -> str:
+    """This process, as gc_run_batches.worker names it."""
+    return f"{socket.gethostname()}:{os.getpid()}"

@@ -34,7 +34,7 @@ from gc_worker.batch_run import process_next_batch
 from gc_worker.claims import participating
 from gc_worker.config import Settings
 from gc_worker.db import describe_error, retrying, transaction
-from gc_worker.errors import NotFoundError, UsageError
+from gc_worker.errors import NotFoundError, RunFailed, UsageError
 from gc_worker.queries import q
 
 log = structlog.get_logger("memory_gc")
@@ -249,10 +249,15 @@ def _work_run(
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(**caller_context)
     with transaction(engine) as conn:
-        done = conn.execute(q("complete_run"), {"run_id": run_id}).first() is not None
-    if done:
+        closed = conn.execute(q("complete_run"), {"run_id": run_id}).first()
+    if closed is not None and closed.status == "failed":
+        with engine.connect() as conn:
+            error = load_run(conn, run_id)["error"]
+        log.error("gc.run_failed", run_id=str(run_id), error=error)
+        raise RunFailed(f"run {run_id}: {error}; see `memory-gc report {run_id}`")
+    if closed is not None:
         log.info("gc.run_completed", run_id=str(run_id))
-    return done
+    return closed is not None
 
 
 def _fail(engine: Engine, run_id: UUID, exc: Exception) -> None:

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from gc_worker import engine as gc_engine
 from gc_worker import restore
 from gc_worker.config import RunSettings, Settings, UserCapSettings
-from gc_worker.errors import NotFoundError, UsageError
+from gc_worker.errors import NotFoundError, RunFailed, UsageError
 from gc_worker.report import build_report
 from tests.store import NOW, acted_on, add, days_ago, execute, get, run, snapshot, status
 
@@ -253,7 +253,7 @@ class TestInvariants:
             raise RuntimeError("injected")
 
         monkeypatch.setattr(jobs.REGISTRY["hard_delete"], "plan", boom)
-        with pytest.raises(RuntimeError, match="injected"):
+        with pytest.raises(RunFailed, match="RuntimeError: injected"):
             run(engine, settings)
         assert snapshot(engine) == before
         with engine.connect() as conn:
@@ -371,21 +371,23 @@ def test_a_failure_is_recorded_without_the_rows_content(engine, settings, capsys
     what is kept of the error — gc_runs.error, the log line, the CLI's message — names the
     failure but quotes neither the statement's parameters nor the server's DETAIL (the failing
     row, content included), which no erasure could reach there."""
-    import sqlalchemy as sa
 
     from gc_worker.cli import main
 
     add(engine, "u1", "Keeps a parrot named Quokkaberry", expires_at=days_ago(1))
     execute(engine, "ALTER TABLE memories ADD CONSTRAINT app_rule"
                     " CHECK (status <> 'deleted') NOT VALID")  # fmt: skip
-    with pytest.raises(sa.exc.IntegrityError):
+    with pytest.raises(RunFailed):
         run(engine, settings)
     (error,) = execute(engine, "SELECT error FROM gc_runs WHERE status = 'failed'").scalars()
-    assert error.startswith("CheckViolation: ") and "app_rule" in error
-    assert "Quokkaberry" not in error and "Quokkaberry" not in capsys.readouterr().out
+    (batch_error,) = execute(engine, "SELECT error FROM gc_run_batches").scalars()
+    assert batch_error.startswith("CheckViolation: ") and "app_rule" in batch_error
+    assert "batch 0 (1 users): CheckViolation: " in error
+    assert "Quokkaberry" not in error + batch_error
+    assert "Quokkaberry" not in capsys.readouterr().out
     assert main(["run", "--now", NOW.isoformat()]) == 1
     err = capsys.readouterr().err
-    assert "memory-gc: database error: CheckViolation" in err and "Quokkaberry" not in err
+    assert "CheckViolation" in err and "Quokkaberry" not in err
 
 
 def test_a_disabled_job_named_by_hand_runs_with_a_warning():

@@ -19,7 +19,7 @@ from gc_worker import audit, claims
 from gc_worker import engine as gc_engine
 from gc_worker import execute as executor
 from gc_worker.config import Settings
-from gc_worker.errors import DatabaseUnavailable, UsageError, WriteConflict
+from gc_worker.errors import DatabaseUnavailable, RunFailed, UsageError, WriteConflict
 from tests.fake_model import FakeModel, fake_port
 from tests.seeding import (
     Reusable,
@@ -108,7 +108,8 @@ def batch_outcome(engine: sa.Engine) -> dict[int, tuple[str, int]]:
 
 
 def check_interrupted(engine: sa.Engine, before: dict, failed_batch: int) -> None:
-    """Batches before the fault are done, the failed one and later ones left no trace."""
+    """The database was lost (or kept conflicting): batches before the fault are done, the
+    failed one and later ones left no trace and stay pending; the run failed."""
     outcome = batch_outcome(engine)
     assert [outcome[i][0] for i in sorted(outcome)] == [
         "done" if i < failed_batch else "pending" for i in range(len(USERS))
@@ -120,6 +121,23 @@ def check_interrupted(engine: sa.Engine, before: dict, failed_batch: int) -> Non
     assert run_state(engine)[0] == "failed"
 
 
+def check_isolated(engine: sa.Engine, before: dict, failed_batch: int) -> None:
+    """The failed batch left no trace (rolled back whole, no audit row) and is marked failed;
+    every other batch, before and after it, was applied; the run ends failed, naming it."""
+    outcome = batch_outcome(engine)
+    assert [outcome[i][0] for i in sorted(outcome)] == [
+        "failed" if i == failed_batch else "done" for i in range(len(USERS))
+    ]
+    assert outcome[failed_batch][1] == 0
+    after = full_snapshot(engine)
+    user = sorted(USERS)[failed_batch]
+    assert rows_of(after, user) == rows_of(before, user), f"{user} half-applied"
+    for other in sorted(USERS)[failed_batch + 1 :]:
+        assert rows_of(after, other) != rows_of(before, other), f"{other} was not done"
+    status, error = run_state(engine)
+    assert status == "failed" and f"batch {failed_batch} (1 users): Injected" in error
+
+
 def converge(engine: sa.Engine, twin: sa.Engine, ids: set[UUID], settings: Settings) -> None:
     """The next run on the disturbed store ends where one undisturbed run ends."""
     assert run(engine, settings)["status"] == "completed"
@@ -129,16 +147,17 @@ def converge(engine: sa.Engine, twin: sa.Engine, ids: set[UUID], settings: Setti
 
 class TestAbortBetweenBatches:
     def test_failure_planning_the_second_batch(self, engine, twin, monkeypatch):
-        """Batch 1 commits, batch 2 fails while planning: its users are untouched, run failed."""
+        """Batch 2 fails while planning: its users are untouched, batches 1 and 3 commit (one
+        bad user used to stop every user after it, every night), the run ends failed."""
         ids = seed_both(engine, twin, [r for u in USERS for r in lifecycle_rows(u)])
         before = full_snapshot(engine)
         plan = jobs.REGISTRY["hard_delete"].plan
         monkeypatch.setattr(
             jobs.REGISTRY["hard_delete"], "plan", failing_on(2, plan, raise_injected)
         )
-        with pytest.raises(Injected):
+        with pytest.raises(RunFailed, match="Injected: injected fault"):
             run(engine, BATCHED)
-        check_interrupted(engine, before, failed_batch=1)
+        check_isolated(engine, before, failed_batch=1)
         assert "Injected: injected fault" in run_state(engine)[1]
         monkeypatch.undo()
         converge(engine, twin, ids, BATCHED)
@@ -147,7 +166,7 @@ class TestAbortBetweenBatches:
         """After a failed run no batch, user or job stays bound in the log context."""
         seed(engine, lifecycle_rows("u1"))
         monkeypatch.setattr(jobs.REGISTRY["ttl_expiry"], "plan", raise_injected)
-        with pytest.raises(Injected):
+        with pytest.raises(RunFailed, match="Injected: injected fault"):
             run(engine, BATCHED)
         assert structlog.contextvars.get_contextvars() == {}
 
@@ -173,6 +192,64 @@ INSIDE_BATCH = {
 }
 
 
+class TestWorkerDiesInsideABatch:
+    @staticmethod
+    def die_inside(engine: sa.Engine, run_id: UUID) -> int:
+        """A worker claims the first pending batch and dies (its session ends, nothing of the
+        claim is released by it): what an OOM kill or a segfault in the middle of a batch
+        leaves. Returns the batch number."""
+        conn = engine.connect()
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        claim = claims._claim(conn, run_id)
+        assert claim is not None
+        conn.invalidate()  # the server ends the session: its advisory locks go with it
+        conn.close()
+        return claim.batch.batch_no
+
+    def test_a_batch_that_kills_its_worker_is_failed_after_three_deaths(self, engine, twin):
+        """The third worker to die inside batch 1 is the last: the next one fails the batch
+        and does the others, instead of dying there too (every restart of every replica used
+        to resume the run into the same crash)."""
+        seed(engine, [r for u in USERS for r in lifecycle_rows(u)])
+        before = full_snapshot(engine)
+        from gc_worker.engine import RunRequest, resolve_jobs, start_run
+
+        request = RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], BATCHED))
+        run_id = start_run(engine, BATCHED, request)
+        gc_engine.process_run(engine, run_id, BATCHED, should_stop=iter([False, True]).__next__)
+        for _ in range(claims.MAX_LOST_CLAIMS):
+            assert self.die_inside(engine, run_id) == 1
+        with pytest.raises(RunFailed, match=r"batch 1 \(1 users\): the worker stopped inside"):
+            gc_engine.process_run(engine, run_id, BATCHED)
+        assert [state for state, _ in batch_outcome(engine).values()] == ["done", "failed", "done"]
+        after = full_snapshot(engine)
+        user = sorted(USERS)[1]
+        assert rows_of(after, user) == rows_of(before, user)
+
+    def test_a_worker_that_lives_releases_its_claim(self, engine):
+        """Claims that end normally (the batch committed, failed or was given up) are not
+        counted as deaths: a batch retried after deadlocks is never failed for it."""
+        seed(engine, [r for u in USERS for r in lifecycle_rows(u)])
+        run(engine, BATCHED)
+        with engine.connect() as conn:
+            lost = conn.execute(sa.text("SELECT sum(lost_claims) FROM gc_run_batches")).scalar()
+        assert lost == 0
+
+    def test_participants_stop_once_the_run_failed(self, engine):
+        """Another replica's participant does not go on applying batches of a run marked
+        failed (it used to, and the run then read `failed` with every batch done)."""
+        seed(engine, [r for u in USERS for r in lifecycle_rows(u)])
+        from gc_worker.engine import RunRequest, resolve_jobs, start_run
+
+        run_id = start_run(engine, BATCHED, RunRequest(mode="apply", now=NOW,
+                                                     jobs=resolve_jobs([], BATCHED)))  # fmt: skip
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE gc_runs SET status = 'failed' WHERE id = :r"),
+                         {"r": run_id})  # fmt: skip
+        assert gc_engine.process_run(engine, run_id, BATCHED) is False
+        assert {state for state, _ in batch_outcome(engine).values()} == {"pending"}
+
+
 class TestAbortInsideBatch:
     @pytest.mark.parametrize("point", sorted(INSIDE_BATCH))
     def test_nothing_of_the_batch_is_applied(self, engine, twin, monkeypatch, point):
@@ -181,9 +258,9 @@ class TestAbortInsideBatch:
         before = full_snapshot(engine)
         owner, name = INSIDE_BATCH[point]
         monkeypatch.setattr(owner, name, failing_on(2, getattr(owner, name), raise_injected))
-        with pytest.raises(Injected):
+        with pytest.raises(RunFailed, match="Injected: injected fault"):
             run(engine, BATCHED)
-        check_interrupted(engine, before, failed_batch=1)
+        check_isolated(engine, before, failed_batch=1)
         monkeypatch.undo()
         converge(engine, twin, ids, BATCHED)
 
@@ -196,7 +273,7 @@ class TestAbortInsideBatch:
         monkeypatch.setattr(
             audit, "record_outcome", failing_on(2, audit.record_outcome, raise_injected)
         )
-        with pytest.raises(Injected):
+        with pytest.raises(RunFailed, match="Injected"):
             gc_engine.apply_plan(engine, plan)
         monkeypatch.undo()
         fresh = UUID(run(engine, BATCHED, dry_run=True)["run_id"])
@@ -220,13 +297,13 @@ class TestApplyTakenUpAgain:
         monkeypatch.setattr(
             audit, "record_outcome", failing_on(2, audit.record_outcome, raise_injected)
         )
-        with pytest.raises(Injected):
+        with pytest.raises(RunFailed, match="Injected"):
             gc_engine.apply_plan(engine, plan)
         monkeypatch.undo()
         assert [state for state, _ in batch_outcome_of(engine, plan).values()] == [
-            "done", "pending", "pending"
+            "done", "failed", "done"
         ]  # fmt: skip
-        resumed = gc_engine.apply_plan(engine, plan)
+        resumed = gc_engine.apply_plan(engine, plan)  # the failed batch is tried again
         assert resumed == applied_by(engine, plan)
         assert run_status(engine, resumed) == "completed"
         assert end_state(engine, ids) == end_state(twin, ids)

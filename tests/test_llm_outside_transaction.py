@@ -24,6 +24,7 @@ from gc_worker import engine as gc_engine
 from gc_worker.batch_run import asks_model
 from gc_worker.config import Settings, UserCapSettings
 from gc_worker.daemon import listen_dsn
+from gc_worker.errors import RunFailed
 from gc_worker.queries import q
 from gc_worker.report import build_report
 from tests.conftest import TEST_DIM
@@ -277,7 +278,7 @@ def test_model_calls_of_a_failed_attempt_are_reported(engine) -> None:
     model = Watching(fail_once)
     request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("importance",))
     run_id = gc_engine.start_run(engine, SETTINGS, request)
-    with fake_port(engine, SETTINGS, model) as llm, pytest.raises(sa.exc.IntegrityError):
+    with fake_port(engine, SETTINGS, model) as llm, pytest.raises(RunFailed, match="no_done"):
         gc_engine.process_run(engine, run_id, SETTINGS, llm=llm)
     execute(engine, "ALTER TABLE gc_run_batches DROP CONSTRAINT no_done")
     assert execute(engine, "SELECT count(*) FROM gc_actions").scalar() == 0

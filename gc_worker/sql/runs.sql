@@ -62,12 +62,24 @@ SET stats = stats || jsonb_build_object('_llm_unapplied',
 WHERE run_id = :run_id AND batch_no = :batch_no
 
 -- complete_run --
--- Close a run once no batch is pending.
+-- Close a run once no batch is pending: completed, or failed if a batch failed (its error
+-- names them; their users were left as they were and the next run takes them again).
+WITH failed AS (
+    SELECT count(*) AS n,
+           string_agg('batch ' || batch_no || ' (' || cardinality(users) || ' users): ' || error,
+                      '; ' ORDER BY batch_no) AS errors
+    FROM gc_run_batches WHERE run_id = :run_id AND state = 'failed'
+)
 UPDATE gc_runs
-SET status = 'completed', finished_at = clock_timestamp()
+SET status = CASE WHEN failed.n > 0 THEN 'failed' ELSE 'completed' END,
+    error = CASE WHEN failed.n > 0
+                 THEN failed.n || ' batch(es) failed, the others were applied: ' || failed.errors
+            END,
+    finished_at = clock_timestamp()
+FROM failed
 WHERE id = :run_id AND status = 'running'
   AND NOT EXISTS (SELECT 1 FROM gc_run_batches b WHERE b.run_id = :run_id AND b.state = 'pending')
-RETURNING id
+RETURNING id, status
 
 -- fail_run --
 -- Record why a run stopped; its finished batches stay applied, the rest never started.
@@ -80,7 +92,12 @@ WHERE id = :run_id AND status = 'running'
 SELECT id FROM gc_runs WHERE id = :run_id FOR UPDATE
 
 -- resume_run --
--- Take up a stopped run again (killed, or failed in a batch): its pending batches get worked.
+-- Take up a stopped run again (killed, or failed in a batch): its pending batches get worked,
+-- and its failed ones again (asked for by hand: `apply` of the same plan).
+WITH retried AS (
+    UPDATE gc_run_batches SET state = 'pending', error = NULL, lost_claims = 0, finished_at = NULL
+    WHERE run_id = :run_id AND state = 'failed'
+)
 UPDATE gc_runs SET status = 'running', finished_at = NULL, error = NULL
 WHERE id = :run_id AND status IN ('running', 'failed')
 

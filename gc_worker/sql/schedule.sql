@@ -24,8 +24,12 @@ SET lock_timeout = '1s'
 RESET lock_timeout
 
 -- pending_batches --
--- A run's batches not done yet, in order: the ones a worker may try to claim.
-SELECT batch_no FROM gc_run_batches WHERE run_id = :run_id AND state = 'pending' ORDER BY batch_no
+-- A run's batches not done yet, in order: the ones a worker may try to claim (none once the run
+-- was marked failed or completed: its other participants stop too).
+SELECT b.batch_no
+FROM gc_run_batches b JOIN gc_runs r ON r.id = b.run_id
+WHERE b.run_id = :run_id AND b.state = 'pending' AND r.status = 'running'
+ORDER BY b.batch_no
 
 -- try_claim_batch --
 -- Claim one batch of a run for this session: a session-level advisory lock, so the claim holds
@@ -39,6 +43,25 @@ SELECT pg_try_advisory_lock(
 -- pending_batches and the claim).
 SELECT batch_no, users, work
 FROM gc_run_batches
+WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
+
+-- count_claim --
+-- A claim of the batch begins: counted as lost until release_claim (the worker died inside the
+-- batch if it never comes). Returns the claims lost before this one.
+UPDATE gc_run_batches SET lost_claims = lost_claims + 1
+WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
+RETURNING lost_claims - 1 AS lost
+
+-- release_claim --
+-- The claiming worker is alive at the end of its claim, whatever became of the batch.
+UPDATE gc_run_batches SET lost_claims = greatest(lost_claims - 1, 0)
+WHERE run_id = :run_id AND batch_no = :batch_no
+
+-- fail_batch --
+-- A batch given up: rolled back (its job raised) or lost too often (the worker died inside it).
+-- It stays as it was in the store; the run goes on with its other batches and ends failed.
+UPDATE gc_run_batches
+SET state = 'failed', error = :error, worker = :worker, finished_at = clock_timestamp()
 WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
 
 -- unlock_claim --
