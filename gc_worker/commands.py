@@ -99,7 +99,10 @@ def cmd_apply(args: argparse.Namespace, ctx: Context) -> int:
     for path in args.report or []:
         _check_report_path(path)
     engine = ctx.engine()
-    with gc_engine.applying(engine, parse_uuid(args.run_id, "run id")) as run_id:
+    max_age = ctx.settings.run.max_plan_age_hours  # this environment's limit, not the plan's
+    with gc_engine.applying(
+        engine, parse_uuid(args.run_id, "run id"), max_age_hours=max_age
+    ) as run_id:
         with engine.connect() as conn:
             settings = gc_engine.settings_of(gc_engine.load_run(conn, run_id))
         _process(engine, run_id, ctx, settings=settings)

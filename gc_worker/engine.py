@@ -110,8 +110,10 @@ def start_apply(
     *,
     trigger: str = "cli",
     participate: Callable[[UUID], None] | None = None,
+    max_age_hours: float | None = None,
 ) -> UUID:
-    """Record an apply run of a completed dry run (refused if it was already applied).
+    """Record an apply run of a completed dry run (refused if it was already applied, or if
+    it finished more than ``max_age_hours`` ago — default: the plan's run.max_plan_age_hours).
 
     If an earlier apply of the same plan stopped before its end (the process was killed, or a
     batch failed) and nobody is working it, that apply run is taken up again instead: its
@@ -124,6 +126,7 @@ def start_apply(
     with transaction(engine) as conn:
         conn.execute(q("lock_run_row"), {"run_id": plan_run_id})  # one starter at a time
         plan = load_run(conn, plan_run_id)
+        _check_age(conn, plan, max_age_hours)
         if plan["mode"] == "dry_run" and plan["applied_by"] is not None:
             return _resume_apply(conn, plan, participate)
         _check_plan(plan)
@@ -147,8 +150,27 @@ def start_apply(
     return run_id
 
 
+def _check_age(conn: Connection, plan: dict[str, Any], max_age_hours: float | None) -> None:
+    """Refuse a plan older than the limit (the server's clock against its finish)."""
+    if plan["mode"] != "dry_run" or plan["finished_at"] is None:
+        return
+    limit = max_age_hours or settings_of(plan).run.max_plan_age_hours
+    age = conn.execute(q("plan_age_hours"), {"run_id": plan["id"]}).scalar()
+    age = None if age is None else float(age)
+    if age is not None and age > limit:
+        raise UsageError(
+            f"run {plan['id']} is a plan made {age:.0f} hours ago, older than "
+            f"run.max_plan_age_hours = {limit:g}: applied now, its changes would carry the "
+            "plan's instant (retention would count from then) and the store has moved on. "
+            "Make a new plan (`memory-gc run --dry-run`), or raise the limit for this apply "
+            f"(MEMORY_GC_RUN__MAX_PLAN_AGE_HOURS={age + 1:.0f})"
+        )
+
+
 @contextlib.contextmanager
-def applying(engine: Engine, plan_run_id: UUID, *, trigger: str = "cli") -> Iterator[UUID]:
+def applying(
+    engine: Engine, plan_run_id: UUID, *, trigger: str = "cli", max_age_hours: float | None = None
+) -> Iterator[UUID]:
     """``start_apply``, participating in the apply run (new or taken up) from before it is
     committed until the block ends: a second apply of the plan started meanwhile is refused as
     being applied right now, instead of taking the run up as stopped."""
@@ -157,7 +179,10 @@ def applying(engine: Engine, plan_run_id: UUID, *, trigger: str = "cli") -> Iter
         def participate(run_id: UUID) -> None:
             held.enter_context(participating(engine, run_id))
 
-        yield start_apply(engine, plan_run_id, trigger=trigger, participate=participate)
+        yield start_apply(
+            engine, plan_run_id, trigger=trigger, participate=participate,
+            max_age_hours=max_age_hours,
+        )  # fmt: skip
 
 
 def _resume_apply(

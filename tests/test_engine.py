@@ -97,6 +97,32 @@ class TestPlanThenApply:
             gc_engine.apply_plan(engine, UUID(int=7))
 
 
+class TestStalePlans:
+    def test_an_old_plan_is_refused_and_a_raised_limit_applies_it(
+        self, engine, settings, cli_env, capsys, monkeypatch
+    ):
+        """A plan applied days after it was made would stamp its changes with its own instant:
+        rows soft-deleted now would look deleted since the plan, and be purged that much
+        before their retention. `apply` refuses a plan older than run.max_plan_age_hours
+        (exit 2, nothing written, saying how to go on); raising the limit applies it."""
+        from gc_worker.cli import main
+
+        victim = add(engine, "u1", "expiring", expires_at=days_ago(1))
+        plan = run(engine, settings, dry_run=True)
+        execute(engine, "UPDATE gc_runs SET finished_at = finished_at - interval '100 hours'")
+        runs = execute(engine, "SELECT count(*) FROM gc_runs").scalar()
+        assert main(["apply", plan["run_id"]]) == 2
+        err = capsys.readouterr().err
+        assert "made 100 hours ago" in err and "MEMORY_GC_RUN__MAX_PLAN_AGE_HOURS=101" in err
+        assert status(engine, victim) == "active"
+        assert execute(engine, "SELECT count(*) FROM gc_runs").scalar() == runs
+        with pytest.raises(UsageError, match=r"older than run\.max_plan_age_hours = 72"):
+            gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+        monkeypatch.setenv("MEMORY_GC_RUN__MAX_PLAN_AGE_HOURS", "101")
+        assert main(["apply", plan["run_id"]]) == 0
+        assert status(engine, victim) == "deleted"
+
+
 class TestDrift:
     @pytest.mark.parametrize(
         "change",

@@ -160,3 +160,7 @@ ORDER BY started_at DESC LIMIT :limit
 -- complete_restore_run --
 -- A restore run has no batches; it is complete when its transaction commits.
 UPDATE gc_runs SET status = 'completed', finished_at = clock_timestamp() WHERE id = :run_id
+
+-- plan_age_hours --
+-- How long ago (server clock) a run finished, in hours.
+SELECT extract(epoch FROM clock_timestamp() - finished_at) / 3600 FROM gc_runs WHERE id = :run_id
