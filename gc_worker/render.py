@@ -281,7 +281,7 @@ def banner(report: Report) -> tuple[str, str, str]:
         if status != "completed":
             return "dry", f"Dry run — {status}, not complete.", "Its plan cannot be applied."
         return "dry", nothing, f"To apply exactly this plan, run `memory-gc apply {run_id}`"
-    if report.get("mode") == "restore":
+    if report.get("kind") == "restore" or report.get("mode") == "restore":  # older reports
         return "applied", "Restore run.", "It put back what is listed; it cannot itself be undone."
     if report.get("trigger") == "erasure":
         if status == "completed":
@@ -295,10 +295,18 @@ def banner(report: Report) -> tuple[str, str, str]:
     if status != "completed":
         finish = f"; `memory-gc apply {plan}` finishes it" if plan else ""
         undo = f"`memory-gc restore --run {run_id}` undoes it{finish}."
+        failed = report.get("failed_batches") or []
+        users = sum(len(b.get("users", ())) for b in failed)
+        given_up = (
+            f" {len(failed)} batch(es) failed ({users} users left as they were, taken again by "
+            f"the next run): {_text(report.get('error'))}."
+            if failed
+            else ""
+        )
         return (
             "incomplete",
             f"Not complete — {status}.",
-            f"What it applied so far is listed and stays; {undo}",
+            f"What it applied so far is listed and stays; {undo}{given_up}",
         )
     return (
         "applied",

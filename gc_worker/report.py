@@ -49,9 +49,13 @@ def build_report(conn: Connection, run_id: UUID, *, actions: bool = True) -> dic
     return {
         "report_version": REPORT_VERSION,
         "run_id": str(run["id"]),
-        "mode": run["mode"],
+        # report_version 1 knows two modes: a restore run applies changes ("kind" says which)
+        "mode": "apply" if run["mode"] == "restore" else run["mode"],
+        "kind": "restore" if run["mode"] == "restore" else "gc",
         "trigger": run["trigger"],
         "status": _shown_status(conn, run),
+        "error": run["error"],
+        "failed_batches": _failed_batches(conn, run),
         "now": _iso(run["now"]),
         "started_at": _iso(run["started_at"]),
         "finished_at": _iso(run["finished_at"]),
@@ -65,6 +69,12 @@ def build_report(conn: Connection, run_id: UUID, *, actions: bool = True) -> dic
         "drifted": drifted,
         "llm": _llm_totals(conn, run),
     }
+
+
+def _failed_batches(conn: Connection, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Batches given up (their users were left as they were; the next run takes them)."""
+    rows = conn.execute(q("run_failed_batches"), {"run_id": run["id"]})
+    return [{"batch_no": r.batch_no, "users": list(r.users), "error": r.error} for r in rows]
 
 
 def _shown_status(conn: Connection, run: dict[str, Any]) -> str:

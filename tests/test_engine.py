@@ -336,7 +336,9 @@ class TestRestore:
         run(engine, settings)
         result = restore.restore_memory(engine, a)
         rep = report_of(engine, result.run_id)
-        assert rep["mode"] == "restore" and rep["totals"]["by_action"] == {"restore": 1}
+        # report_version 1's modes are dry_run and apply: a restore applies, kind says which
+        assert (rep["mode"], rep["kind"]) == ("apply", "restore")
+        assert rep["totals"]["by_action"] == {"restore": 1}
 
     def test_restored_row_is_planned_again(self, engine, settings):
         """Restore is not a pin: the next run may plan the same action again."""

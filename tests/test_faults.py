@@ -20,6 +20,7 @@ from gc_worker import engine as gc_engine
 from gc_worker import execute as executor
 from gc_worker.config import Settings
 from gc_worker.errors import DatabaseUnavailable, RunFailed, UsageError, WriteConflict
+from gc_worker.report import build_report
 from tests.fake_model import FakeModel, fake_port
 from tests.seeding import (
     Reusable,
@@ -136,6 +137,13 @@ def check_isolated(engine: sa.Engine, before: dict, failed_batch: int) -> None:
         assert rows_of(after, other) != rows_of(before, other), f"{other} was not done"
     status, error = run_state(engine)
     assert status == "failed" and f"batch {failed_batch} (1 users): Injected" in error
+    with engine.connect() as conn:
+        run_id = conn.execute(sa.text("SELECT id FROM gc_runs")).scalar()
+        report = build_report(conn, run_id, actions=False)
+    assert report["status"] == "failed" and report["error"] == error
+    assert report["failed_batches"] == [
+        {"batch_no": failed_batch, "users": [user], "error": "Injected: injected fault"}
+    ]
 
 
 def converge(engine: sa.Engine, twin: sa.Engine, ids: set[UUID], settings: Settings) -> None:

@@ -164,3 +164,9 @@ UPDATE gc_runs SET status = 'completed', finished_at = clock_timestamp() WHERE i
 -- plan_age_hours --
 -- How long ago (server clock) a run finished, in hours.
 SELECT extract(epoch FROM clock_timestamp() - finished_at) / 3600 FROM gc_runs WHERE id = :run_id
+
+-- run_failed_batches --
+-- A run's failed batches (gc_worker.report).
+SELECT batch_no, users, error FROM gc_run_batches
+WHERE run_id = :run_id AND state = 'failed'
+ORDER BY batch_no
