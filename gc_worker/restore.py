@@ -1,8 +1,9 @@
 """Undo what a run (or the worker, for one memory) did, while the rows still exist.
 
 Each undo is guarded: a row goes back to its prior state only if the worker's change is
-still in place (same status, reason and change instant). Rows changed since, and rows already
-purged, are reported as not restorable and left alone. The undo is itself a run (mode
+still in place (same status, reason and change instant, and the valid_until and superseded_by
+the action left). Rows the application changed since, and rows already purged, are reported as
+not restorable and left alone. The undo is itself a run (mode
 ``restore``) whose ``restore`` actions say what came back.
 """
 
@@ -94,8 +95,10 @@ def _restore(
     rows = conn.execute(q("restorable_actions"), params).all()
     if not rows and not nothing_left_ok:
         raise UsageError(f"run {run_id} was already restored; nothing of it is left to restore")
+    retired = [r for r in rows if Kind(r.action) in TARGET_STATUS]
+    in_place = _still_in_place(conn, retired)
     restored = set()
-    restored |= _restore_status(conn, [r for r in rows if Kind(r.action) in TARGET_STATUS])
+    restored |= _restore_status(conn, [r for r in retired if r.memory_id in in_place])
     restored |= _restore_importance(conn, [r for r in rows if r.action == Kind.SET_IMPORTANCE])
     restored |= _retire_created(conn, [r for r in rows if r.action == Kind.CREATE_MERGED], now)
     done = [r for r in rows if r.memory_id in restored]
@@ -106,17 +109,38 @@ def _restore(
     return result
 
 
-def _restore_status(conn: Connection, rows: list[Any]) -> set[UUID]:
+def _still_in_place(conn: Connection, rows: list[Any]) -> set[UUID]:
+    """Rows on which everything the worker's action wrote is still there (and locked): status,
+    reason, instant, and the valid_until / superseded_by it left. Any later write by the
+    application — a corrected validity, a new pointer — wins: the row is not restorable."""
     if not rows:
         return set()
     params = {
         "ids": [r.memory_id for r in rows],
         "expect_status": [TARGET_STATUS[Kind(r.action)] for r in rows],
         "expect_reason": [r.reason for r in rows],
+        "closed_valid_until": [_details(r).get("close_valid_until") for r in rows],
+        "set_superseded": [_details(r).get("superseded_by") for r in rows],
         "priors": [json.dumps(r.prior) for r in rows],
         "run_now": rows[0].run_now,
     }
+    return set(conn.execute(q("restore_in_place"), params).scalars())
+
+
+def _restore_status(conn: Connection, rows: list[Any]) -> set[UUID]:
+    """Put rows ``_still_in_place`` found back to their prior status fields."""
+    if not rows:
+        return set()
+    params = {
+        "ids": [r.memory_id for r in rows],
+        "closed_valid_until": [_details(r).get("close_valid_until") for r in rows],
+        "priors": [json.dumps(r.prior) for r in rows],
+    }
     return set(conn.execute(q("restore_status"), params).scalars())
+
+
+def _details(row: Any) -> dict[str, Any]:
+    return row.details if isinstance(row.details, dict) else {}
 
 
 def _restore_importance(conn: Connection, rows: list[Any]) -> set[UUID]:
