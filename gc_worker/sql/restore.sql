@@ -88,8 +88,23 @@ WHERE m.id = a.id AND m.importance = a.expect AND m.importance_assessed_at = :ru
 RETURNING m.id
 
 -- active_among --
--- Which of these memories are active.
-SELECT id FROM memories WHERE id = ANY(:ids) AND status = 'active'
+-- Which of these memories are active (share-locked: they stay so until the restore commits).
+SELECT id FROM memories WHERE id = ANY(:ids) AND status = 'active' FOR SHARE
+
+-- created_unchanged --
+-- Of the records a run created (merges, summaries), those still as the run made them: active,
+-- not pinned, the same content and updated_at (the application sets updated_at when it edits a
+-- memory, the worker never does; the content is compared too, for writers that do not). A
+-- record the application edited, pinned or retired since is its own. Locked until the restore
+-- commits.
+SELECT m.id
+FROM memories m
+JOIN unnest(CAST(:ids AS uuid[]), CAST(:contents AS text[]), CAST(:updated AS timestamptz[]))
+     AS a(id, content, updated_at)
+  ON m.id = a.id
+WHERE m.status = 'active' AND NOT m.pinned
+  AND m.content = a.content AND m.updated_at = a.updated_at
+FOR UPDATE OF m
 
 -- retire_created --
 -- Take records a run created (merges, summaries) off the read path again.
