@@ -179,11 +179,20 @@ def _create_records(conn: Connection, actions: list[Action], *, now: datetime) -
 
 
 def _purge(conn: Connection, actions: list[Action]) -> None:
+    """Delete the rows, then every copy of their content the worker keeps: their own audit and
+    plan rows, deferred groups' previews, records merged or summarised from them in plans and
+    audit (cut to ids and codes, as an erasure scrubs), cached model decisions about them."""
     if not actions:
         return
+    from gc_worker.erasure import KEEP_DETAILS  # (here: gc_worker.erasure imports this module)
+
     ids = [a.memory_id for a in actions]
+    id_texts = [str(i) for i in ids]
     _checked(conn, "purge_rows", {"ids": ids}, len(ids))
-    conn.execute(q("scrub_audit"), {"ids": ids, "id_texts": [str(i) for i in ids]})
+    conn.execute(q("scrub_audit"), {"ids": ids, "id_texts": id_texts})
+    params = {"id_texts": id_texts, "keep_details": list(KEEP_DETAILS)}
+    conn.execute(q("scrub_created_from_purged"), params)
+    conn.execute(q("drop_llm_cache_of_purged"), {"ids": ids})
 
 
 def _queue_reviews(conn: Connection, actions: list[Action], run_id: UUID | None) -> None:

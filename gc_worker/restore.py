@@ -1,9 +1,12 @@
 """Undo what a run (or the worker, for one memory) did, while the rows still exist.
 
 Each undo is guarded: a row goes back to its prior state only if the worker's change is
-still in place (same status, reason and change instant). Rows changed since, and rows already
-purged, are reported as not restorable and left alone. The undo is itself a run (mode
-``restore``) whose ``restore`` actions say what came back.
+still in place (same status, reason and change instant, and the valid_until and superseded_by
+the action left). Rows the application changed since, and rows already purged, are reported as
+not restorable and left alone. A record the run created (merge, summary) and its sources are
+undone together or not at all: only while the record is as the run made it (active, unpinned,
+same content and updated_at) and every source will be active again. The undo is itself a run
+(mode ``restore``) whose ``restore`` actions say what came back.
 """
 
 from __future__ import annotations
@@ -94,29 +97,64 @@ def _restore(
     rows = conn.execute(q("restorable_actions"), params).all()
     if not rows and not nothing_left_ok:
         raise UsageError(f"run {run_id} was already restored; nothing of it is left to restore")
-    restored = set()
-    restored |= _restore_status(conn, [r for r in rows if Kind(r.action) in TARGET_STATUS])
-    restored |= _restore_importance(conn, [r for r in rows if r.action == Kind.SET_IMPORTANCE])
-    restored |= _retire_created(conn, [r for r in rows if r.action == Kind.CREATE_MERGED], now)
-    done = [r for r in rows if r.memory_id in restored]
+    retired = [r for r in rows if Kind(r.action) in TARGET_STATUS]
+    in_place = _still_in_place(conn, retired)
+    created = [r for r in rows if r.action == Kind.CREATE_MERGED]
+    retire = _created_to_retire(conn, created, in_place)
+    kept = {_details(r).get("group") for r in created if r.memory_id not in retire} - {None}
+    back = [r for r in retired if r.memory_id in in_place and _details(r).get("group") not in kept]
+    scored = [r for r in rows if r.action == Kind.SET_IMPORTANCE]
+    undone = (
+        _actions_of(back, _restore_status(conn, back))
+        | _actions_of(scored, _restore_importance(conn, scored))
+        | _actions_of(created, _retire_created(conn, sorted(retire, key=str), now))
+    )
+    done = [r for r in rows if r.action_id in undone]
     conn.execute(q("mark_restored"), {"ids": [r.action_id for r in done]})
     result = RestoreResult(run_id=_record_restore_run(conn, run_id, done, now))
     result.restored = [r.memory_id for r in done]
-    result.not_restorable = [r.memory_id for r in rows if r.memory_id not in restored]
+    result.not_restorable = [r.memory_id for r in rows if r.action_id not in undone]
     return result
 
 
-def _restore_status(conn: Connection, rows: list[Any]) -> set[UUID]:
+def _actions_of(rows: list[Any], memory_ids: set[UUID]) -> set[Any]:
+    """The ids of the actions among ``rows`` whose memory a statement undid (by action, not by
+    memory: one memory can have an undone and a kept action in the same run)."""
+    return {r.action_id for r in rows if r.memory_id in memory_ids}
+
+
+def _still_in_place(conn: Connection, rows: list[Any]) -> set[UUID]:
+    """Rows on which everything the worker's action wrote is still there (and locked): status,
+    reason, instant, and the valid_until / superseded_by it left. Any later write by the
+    application — a corrected validity, a new pointer — wins: the row is not restorable."""
     if not rows:
         return set()
     params = {
         "ids": [r.memory_id for r in rows],
         "expect_status": [TARGET_STATUS[Kind(r.action)] for r in rows],
         "expect_reason": [r.reason for r in rows],
+        "closed_valid_until": [_details(r).get("close_valid_until") for r in rows],
+        "set_superseded": [_details(r).get("superseded_by") for r in rows],
         "priors": [json.dumps(r.prior) for r in rows],
         "run_now": rows[0].run_now,
     }
+    return set(conn.execute(q("restore_in_place"), params).scalars())
+
+
+def _restore_status(conn: Connection, rows: list[Any]) -> set[UUID]:
+    """Put rows ``_still_in_place`` found back to their prior status fields."""
+    if not rows:
+        return set()
+    params = {
+        "ids": [r.memory_id for r in rows],
+        "closed_valid_until": [_details(r).get("close_valid_until") for r in rows],
+        "priors": [json.dumps(r.prior) for r in rows],
+    }
     return set(conn.execute(q("restore_status"), params).scalars())
+
+
+def _details(row: Any) -> dict[str, Any]:
+    return row.details if isinstance(row.details, dict) else {}
 
 
 def _restore_importance(conn: Connection, rows: list[Any]) -> set[UUID]:
@@ -131,16 +169,44 @@ def _restore_importance(conn: Connection, rows: list[Any]) -> set[UUID]:
     return set(conn.execute(q("restore_importance"), params).scalars())
 
 
-def _retire_created(conn: Connection, rows: list[Any], now: datetime) -> set[UUID]:
-    """Take created records (merges, summaries) off the read path — only those whose every
-    source is active again: a record whose sources were purged since (or changed) holds the
-    only copy of what they said, and stays."""
+def _created_to_retire(conn: Connection, rows: list[Any], in_place: set[UUID]) -> set[UUID]:
+    """The created records (merges, summaries) a restore takes off the read path: those still
+    as the run made them (``created_unchanged``) whose every source is active again once the
+    rows ``in_place`` are back. The others stay, and with them their group (the merged or
+    folded sources stay retired into them): a record the application edited, pinned or
+    deleted is the user's now, and one whose source was purged or changed since holds what
+    that source said; bringing the rest back next to it would put the same facts on the read
+    path twice."""
     if not rows:
         return set()
-    sources = {r.memory_id: [UUID(s) for s in (r.details or {}).get("sources") or []] for r in rows}
+    params = {
+        "ids": [r.memory_id for r in rows],
+        "contents": [_made(r).get("content") for r in rows],
+        "updated": [_instant(_made(r).get("updated_at")) or r.run_now for r in rows],
+    }
+    unchanged = set(conn.execute(q("created_unchanged"), params).scalars())
+    sources = {r.memory_id: [UUID(str(s)) for s in _details(r).get("sources") or []] for r in rows}
     wanted = [s for ids in sources.values() for s in ids]
     active = set(conn.execute(q("active_among"), {"ids": wanted}).scalars()) if wanted else set()
-    ids = [m for m, srcs in sources.items() if srcs and all(s in active for s in srcs)]
+    return {
+        m
+        for m, srcs in sources.items()
+        if m in unchanged and srcs and all(s in active or s in in_place for s in srcs)
+    }
+
+
+def _made(row: Any) -> dict[str, Any]:
+    """The columns a create_merged action gave its record (empty once scrubbed)."""
+    record = _details(row).get("record")
+    return record if isinstance(record, dict) else {}
+
+
+def _instant(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+def _retire_created(conn: Connection, ids: list[UUID], now: datetime) -> set[UUID]:
+    """Take the records ``_created_to_retire`` chose (locked) off the read path."""
     if not ids:
         return set()
     return set(conn.execute(q("retire_created"), {"ids": ids, "now": now}).scalars())

@@ -7,7 +7,9 @@ Options:
 
 The only irreversible step. A row is purged only if it has been retired for at least its
 window (inclusive); lineage rows go with it; the audit keeps the action but its content
-preview is scrubbed. Pinned rows are never purged, except rows erased on request.
+preview is scrubbed, and so is the text of every merged record or summary planned or made from
+it (``create_merged`` rows naming it in ``details.sources``); cached model decisions about it
+are dropped. Pinned rows are never purged, except rows erased on request.
 Emits ``hard_delete`` with the row's previous status as reason (``retention_deleted``,
 ``retention_history`` or ``retention_erasure``).
 """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -230,6 +231,27 @@ class TestRestoreAndReplay:
         restore_memory(engine, summary["id"])
         assert {get(engine, m)["status"] for m in (low, mid)} == {"active"}
         assert get(engine, summary["id"])["status"] == "deleted"
+
+    def test_a_summary_the_user_edited_keeps_its_folded_rows_folded(self, engine, make_llm) -> None:
+        """The application edited the summary after the run: restore leaves it on the read path
+        (it is the user's text now) and the rows it folded stay deleted, not back beside it;
+        the evictions outside the fold are still undone."""
+        seed(engine, 1, 2, 2, 4, 5)
+        settings = cap_settings(3)
+        llm, _ = make_llm(settings, *summary_replies())
+        report = run(engine, settings, jobs=["user_cap"], llm=llm)
+        [summary] = summaries(engine)
+        deletes = [a for a in report["actions"] if a["action"] == "soft_delete"]
+        folded = {UUID(a["memory_id"]) for a in deletes if a["reason"] == "over_cap_summarized"}
+        evicted = {UUID(a["memory_id"]) for a in deletes if a["reason"] == "over_cap"}
+        assert folded
+        execute(engine, "UPDATE memories SET content = 'Edited by the user', updated_at = :t"
+                        " WHERE id = :id", t=NOW + timedelta(days=1), id=summary["id"])  # fmt: skip
+        result = restore_run(engine, UUID(report["run_id"]), now=NOW + timedelta(days=2))
+        assert get(engine, summary["id"])["status"] == "active"
+        assert {get(engine, m)["status"] for m in folded} == {"deleted"}
+        assert set(result.not_restorable) == {summary["id"], *folded}
+        assert {get(engine, m)["status"] for m in evicted} <= {"active"}
 
     def test_a_drifted_folded_row_cancels_the_whole_fold(self, engine, make_llm) -> None:
         """A folded row changed between plan and apply: no summary, no row retired."""

@@ -87,3 +87,27 @@ WHERE (memory_id = ANY(:ids)
        AND (content_preview IS NOT NULL OR details ?| array['record', 'content']))
    OR (memory_id IS NULL AND content_preview IS NOT NULL
        AND details -> 'memory_ids' ?| CAST(:id_texts AS text[]))
+
+-- scrub_created_from_purged --
+-- Remove purged rows' content from the records merged or summarised from them, in plans and in
+-- the audit (create_merged rows whose details.sources name one; a dry run's record never
+-- existed, so no purge of its own would reach it): the preview goes and details are cut to ids
+-- and codes (:keep_details, as an erasure scrubs) and marked scrubbed. Can use the partial GIN
+-- index on (details -> 'sources') WHERE action = 'create_merged'; rows already scrubbed are
+-- left alone.
+UPDATE gc_actions a
+SET content_preview = NULL,
+    details = coalesce((SELECT jsonb_object_agg(d.key, d.value)
+                        FROM jsonb_each(a.details) AS d
+                        WHERE d.key = ANY(:keep_details)), CAST('{}' AS jsonb))
+              || jsonb_build_object('scrubbed', true)
+WHERE a.action = 'create_merged'
+  AND a.details -> 'sources' ?| CAST(:id_texts AS text[])
+  AND (a.content_preview IS NOT NULL OR NOT (a.details ? 'scrubbed'))
+RETURNING a.id
+
+-- drop_llm_cache_of_purged --
+-- Forget cached model decisions taken on purged rows (a merge or summary text quotes them); by
+-- the GIN index on memory_ids.
+DELETE FROM gc_llm_cache WHERE memory_ids && CAST(:ids AS uuid[])
+RETURNING key

@@ -43,17 +43,38 @@ LIMIT 1
 SELECT memory_id FROM gc_actions
 WHERE run_id = :run_id AND outcome = 'applied' AND details ->> 'group' = :grp
 
+-- restore_in_place --
+-- Of the rows a run retired, those on which everything the worker wrote is still in place: the
+-- status, reason and instant, and the valid_until and superseded_by the action left (its own
+-- value where it wrote one, the prior one where it did not; apply_status's coalesce). A row
+-- the application changed since keeps the application's write. Locked until the restore
+-- commits, so nothing changes between this check and restore_status.
+SELECT m.id
+FROM memories m
+JOIN unnest(CAST(:ids AS uuid[]), CAST(:expect_status AS text[]), CAST(:expect_reason AS text[]),
+            CAST(:closed_valid_until AS timestamptz[]), CAST(:set_superseded AS uuid[]),
+            CAST(:priors AS jsonb[]))
+     AS a(id, expect_status, expect_reason, closed_valid_until, set_superseded, prior)
+  ON m.id = a.id
+CROSS JOIN LATERAL jsonb_to_record(a.prior) AS p(superseded_by uuid, valid_until timestamptz)
+WHERE m.status = a.expect_status AND m.status_reason = a.expect_reason
+  AND m.status_changed_at = :run_now
+  AND m.valid_until IS NOT DISTINCT FROM coalesce(a.closed_valid_until, p.valid_until)
+  AND m.superseded_by IS NOT DISTINCT FROM coalesce(a.set_superseded, p.superseded_by)
+FOR UPDATE OF m
+
 -- restore_status --
--- Put retired rows back to their prior status, only where the worker's change is still in place.
+-- Put retired rows (found and locked by restore_in_place) back to their prior status fields;
+-- valid_until only where the action closed it (elsewhere it is still the prior value).
 UPDATE memories m
 SET status = p.status, status_reason = p.status_reason, status_changed_at = p.status_changed_at,
-    superseded_by = p.superseded_by, deleted_at = p.deleted_at, valid_until = p.valid_until
-FROM unnest(CAST(:ids AS uuid[]), CAST(:expect_status AS text[]), CAST(:expect_reason AS text[]),
-            CAST(:priors AS jsonb[])) AS a(id, expect_status, expect_reason, prior),
+    superseded_by = p.superseded_by, deleted_at = p.deleted_at,
+    valid_until = CASE WHEN a.closed_valid_until IS NULL THEN m.valid_until ELSE p.valid_until END
+FROM unnest(CAST(:ids AS uuid[]), CAST(:closed_valid_until AS timestamptz[]),
+            CAST(:priors AS jsonb[])) AS a(id, closed_valid_until, prior),
      jsonb_to_record(a.prior) AS p(status text, status_reason text, status_changed_at timestamptz,
                                    superseded_by uuid, deleted_at timestamptz, valid_until timestamptz)
-WHERE m.id = a.id AND m.status = a.expect_status AND m.status_reason = a.expect_reason
-  AND m.status_changed_at = :run_now
+WHERE m.id = a.id
 RETURNING m.id
 
 -- restore_importance --
@@ -67,8 +88,23 @@ WHERE m.id = a.id AND m.importance = a.expect AND m.importance_assessed_at = :ru
 RETURNING m.id
 
 -- active_among --
--- Which of these memories are active.
-SELECT id FROM memories WHERE id = ANY(:ids) AND status = 'active'
+-- Which of these memories are active (share-locked: they stay so until the restore commits).
+SELECT id FROM memories WHERE id = ANY(:ids) AND status = 'active' FOR SHARE
+
+-- created_unchanged --
+-- Of the records a run created (merges, summaries), those still as the run made them: active,
+-- not pinned, the same content and updated_at (the application sets updated_at when it edits a
+-- memory, the worker never does; the content is compared too, for writers that do not). A
+-- record the application edited, pinned or retired since is its own. Locked until the restore
+-- commits.
+SELECT m.id
+FROM memories m
+JOIN unnest(CAST(:ids AS uuid[]), CAST(:contents AS text[]), CAST(:updated AS timestamptz[]))
+     AS a(id, content, updated_at)
+  ON m.id = a.id
+WHERE m.status = 'active' AND NOT m.pinned
+  AND m.content = a.content AND m.updated_at = a.updated_at
+FOR UPDATE OF m
 
 -- retire_created --
 -- Take records a run created (merges, summaries) off the read path again.

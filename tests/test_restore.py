@@ -1,0 +1,204 @@
+"""restore against the application's later writes: the application always wins. A row comes
+back only while everything the worker wrote on it is still in place; a record the worker
+created is taken off the read path only while the application has not made it its own."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import UUID
+
+from gc_worker import restore
+from tests.store import NOW, add, days_ago, execute, get, run, status
+from tests.test_compaction import E0
+
+
+def slot_pair(engine) -> tuple[UUID, UUID]:
+    """An older and a newer fact in one slot: contradiction obsoletes the older one and closes
+    its valid_until at the newer one's start (one day ago)."""
+    old = add(engine, "u1", "Lives in Paris", slot="profile.city", created_at=days_ago(10))
+    new = add(engine, "u1", "Lives in Berlin", slot="profile.city", created_at=days_ago(1))
+    return old, new
+
+
+class TestStillInPlace:
+    def test_a_closed_valid_until_goes_back_to_the_prior_one(self, engine, settings):
+        """Undoing a contradiction reopens the validity the run closed."""
+        old, _ = slot_pair(engine)
+        report = run(engine, settings, jobs=["contradiction"])
+        assert get(engine, old)["valid_until"] == days_ago(1)
+        result = restore.restore_run(engine, UUID(report["run_id"]), now=NOW)
+        row = get(engine, old)
+        assert result.restored == [old]
+        assert (row["status"], row["valid_until"], row["superseded_by"]) == ("active", None, None)
+
+    def test_a_valid_until_the_application_corrected_since_is_kept(self, engine, settings):
+        """After the run closed valid_until, the application corrected it (the user moved out
+        earlier): the row is not restorable and the application's value stays (restore used to
+        write the pre-run value over it)."""
+        old, _ = slot_pair(engine)
+        report = run(engine, settings, jobs=["contradiction"])
+        correction = days_ago(5)
+        execute(engine, "UPDATE memories SET valid_until = :v WHERE id = :id", v=correction, id=old)
+        result = restore.restore_run(engine, UUID(report["run_id"]), now=NOW)
+        row = get(engine, old)
+        assert result.restored == [] and result.not_restorable == [old]
+        assert (row["status"], row["valid_until"]) == ("obsolete", correction)
+
+    def test_a_valid_until_the_application_set_on_a_deleted_row_is_kept(self, engine, settings):
+        """A soft delete does not touch valid_until; one the application set afterwards is its
+        own write, so the row stays as the application left it."""
+        m = add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
+        report = run(engine, settings, jobs=["ttl_expiry"])
+        execute(engine, "UPDATE memories SET valid_until = :v WHERE id = :id", v=days_ago(2), id=m)
+        result = restore.restore_run(engine, UUID(report["run_id"]), now=NOW)
+        row = get(engine, m)
+        assert result.not_restorable == [m]
+        assert (row["status"], row["valid_until"]) == ("deleted", days_ago(2))
+
+    def test_a_superseded_by_the_application_rewrote_is_kept(self, engine, settings):
+        """The application pointed the obsolete row at another record after the run: its
+        pointer stays and the row is not restorable."""
+        old, _ = slot_pair(engine)
+        other = add(engine, "u1", "Lives in Munich")
+        report = run(engine, settings, jobs=["contradiction"])
+        execute(engine, "UPDATE memories SET superseded_by = :o WHERE id = :id", o=other, id=old)
+        result = restore.restore_run(engine, UUID(report["run_id"]), now=NOW)
+        assert result.not_restorable == [old]
+        assert (status(engine, old), get(engine, old)["superseded_by"]) == ("obsolete", other)
+
+    def test_an_untouched_row_next_to_a_changed_one_is_restored(self, engine, settings):
+        """The check is per row: the run's other rows still come back."""
+        changed = add(engine, "u1", "first", expires_at=days_ago(1))
+        untouched = add(engine, "u1", "second", expires_at=days_ago(1))
+        report = run(engine, settings, jobs=["ttl_expiry"])
+        execute(engine, "UPDATE memories SET valid_until = :v WHERE id = :id", v=NOW, id=changed)
+        result = restore.restore_run(engine, UUID(report["run_id"]), now=NOW + timedelta(hours=1))
+        assert result.restored == [untouched] and result.not_restorable == [changed]
+        assert (status(engine, untouched), status(engine, changed)) == ("active", "deleted")
+
+
+def merged(engine, settings, user: str = "u1") -> tuple[list[UUID], UUID, str]:
+    """Two exact duplicates of ``user`` merged by a compaction run: (members, merged record,
+    run id)."""
+    members = [
+        add(engine, user, "Has a dog", embedding=E0, created_at=days_ago(3)) for _ in range(2)
+    ]
+    report = run(engine, settings, jobs=["compaction"], users=[user])
+    record = next(a["memory_id"] for a in report["actions"] if a["action"] == "create_merged")
+    return members, UUID(record), report["run_id"]
+
+
+class TestCreatedRecords:
+    def test_an_untouched_merge_is_undone_whole(self, engine, settings):
+        """Members back, the merged record off the read path (status deleted, reason restored)."""
+        members, record, run_id = merged(engine, settings)
+        result = restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(days=1))
+        assert set(result.restored) == {*members, record} and result.not_restorable == []
+        assert [status(engine, m) for m in members] == ["active", "active"]
+        assert (get(engine, record)["status"], get(engine, record)["status_reason"]) == (
+            "deleted",
+            "restored",
+        )
+
+    def test_a_record_the_user_edited_and_pinned_stays_and_so_does_the_merge(
+        self, engine, settings
+    ):
+        """The application edited the merged record and pinned it: it is the user's now. It
+        stays active, and its members stay merged into it (both active would repeat the
+        fact); the whole merge is reported not restorable (restore used to retire the edited
+        record and reactivate the members)."""
+        members, record, run_id = merged(engine, settings)
+        execute(
+            engine,
+            "UPDATE memories SET content = 'Has a dog named Rex', pinned = true, updated_at = :t"
+            " WHERE id = :id",
+            t=NOW + timedelta(days=20),
+            id=record,
+        )
+        result = restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(days=21))
+        assert result.restored == [] and set(result.not_restorable) == {*members, record}
+        assert status(engine, record) == "active"
+        assert [status(engine, m) for m in members] == ["merged", "merged"]
+
+    def test_an_edit_without_updated_at_still_keeps_the_record(self, engine, settings):
+        """A content change the application made without bumping updated_at counts too: the
+        user's text is not retired, so hard_delete never purges it later."""
+        _, record, run_id = merged(engine, settings)
+        execute(engine, "UPDATE memories SET content = 'Has a dog named Rex' WHERE id = :id",
+                id=record)  # fmt: skip
+        restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(days=1))
+        run(engine, settings, jobs=["hard_delete"], now=NOW + timedelta(days=32))
+        assert get(engine, record)["content"] == "Has a dog named Rex"
+        assert status(engine, record) == "active"
+
+    def test_a_record_only_touched_in_updated_at_or_pin_is_kept(self, engine, settings):
+        """updated_at moved (the application rewrote the record) or the record was pinned:
+        either alone keeps it."""
+        _, bumped, bumped_run = merged(engine, settings)
+        execute(engine, "UPDATE memories SET updated_at = :t WHERE id = :id",
+                t=NOW + timedelta(seconds=1), id=bumped)  # fmt: skip
+        assert restore.restore_run(engine, UUID(bumped_run), now=NOW).restored == []
+        _, pinned, pinned_run = merged(engine, settings, "u2")
+        execute(engine, "UPDATE memories SET pinned = true WHERE id = :id", id=pinned)
+        assert restore.restore_run(engine, UUID(pinned_run), now=NOW).restored == []
+        assert (status(engine, bumped), status(engine, pinned)) == ("active", "active")
+
+    def test_a_record_the_application_deleted_keeps_its_members_merged(self, engine, settings):
+        """The user deleted the merged memory: bringing its members back would put the fact
+        they deleted back on the read path."""
+        members, record, run_id = merged(engine, settings)
+        execute(engine, "UPDATE memories SET status = 'deleted', status_reason = 'user',"
+                        " deleted_at = :t WHERE id = :id", t=NOW, id=record)  # fmt: skip
+        result = restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(days=1))
+        assert result.restored == []
+        assert [status(engine, m) for m in members] == ["merged", "merged"]
+
+    def test_a_member_gone_keeps_the_record_and_the_other_members_merged(self, engine, settings):
+        """One member was deleted by the application since: the record holds the only copy of
+        what it said, so it stays, and the other members stay merged into it instead of coming
+        back next to it (the same fact twice)."""
+        (gone, kept), record, run_id = merged(engine, settings)
+        execute(engine, "DELETE FROM memories WHERE id = :id", id=gone)
+        result = restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(days=1))
+        assert result.restored == [] and set(result.not_restorable) == {gone, kept, record}
+        assert (status(engine, record), status(engine, kept)) == ("active", "merged")
+
+    def test_a_member_the_application_already_reactivated_counts_as_back(self, engine, settings):
+        """A member the application put back itself is active like a restored one: the merge is
+        undone, that member keeps the application's write."""
+        (woken, other), record, run_id = merged(engine, settings)
+        execute(engine, "UPDATE memories SET status = 'active', status_reason = 'app'"
+                        " WHERE id = :id", id=woken)  # fmt: skip
+        result = restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(days=1))
+        assert set(result.restored) == {other, record} and result.not_restorable == [woken]
+        assert get(engine, woken)["status_reason"] == "app"
+        assert (status(engine, other), status(engine, record)) == ("active", "deleted")
+
+    def test_restore_memory_of_an_edited_record_keeps_it(self, engine, settings):
+        """restore --memory naming the edited record changes nothing either."""
+        members, record, _ = merged(engine, settings)
+        execute(engine, "UPDATE memories SET content = 'Has a dog named Rex' WHERE id = :id",
+                id=record)  # fmt: skip
+        result = restore.restore_memory(engine, record, now=NOW + timedelta(days=1))
+        assert result.restored == [] and status(engine, record) == "active"
+        assert [status(engine, m) for m in members] == ["merged", "merged"]
+
+    def test_restoring_the_merge_run_first_keeps_the_merge(self, engine, settings):
+        """A later run retired the merged record (its TTL ran out). Restoring the merge run
+        first leaves the members merged, since the record is not active; restoring the later
+        run then brings the record back: members merged into an active record, never the
+        fact twice (the members used to come back, and then the record beside them)."""
+        members = [
+            add(engine, "u1", "Has a dog", embedding=E0, created_at=days_ago(3),
+                expires_at=NOW + timedelta(days=1))
+            for _ in range(2)
+        ]  # fmt: skip
+        merge_run = run(engine, settings, jobs=["compaction"])
+        record = UUID(next(a["memory_id"] for a in merge_run["actions"] if a["memory_id"]
+                           and a["action"] == "create_merged"))  # fmt: skip
+        ttl_run = run(engine, settings, jobs=["ttl_expiry"], now=NOW + timedelta(days=2))
+        assert status(engine, record) == "deleted"
+        restore.restore_run(engine, UUID(merge_run["run_id"]), now=NOW + timedelta(days=3))
+        restore.restore_run(engine, UUID(ttl_run["run_id"]), now=NOW + timedelta(days=3))
+        assert status(engine, record) == "active"
+        assert [status(engine, m) for m in members] == ["merged", "merged"]
