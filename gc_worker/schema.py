@@ -17,6 +17,7 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy.engine import Connection, Engine
 
+from gc_worker import adoption
 from gc_worker.errors import ConfigError, SchemaOutdated
 
 VERSION_TABLE = "memory_gc_alembic_version"
@@ -55,7 +56,9 @@ def migrate(engine: Engine, *, embedding_dim: int) -> tuple[str | None, str]:
         conn.exec_driver_sql(MIGRATE_LOCK)
         before = _revision_on(conn)  # read under the lock: a concurrent migrate has committed
         _refuse_unknown(before)
-        if before is not None:
+        if before is None:
+            adoption.prepare(conn)
+        else:
             check_embedding_dim(conn, embedding_dim)
         cfg.attributes["connection"] = conn
         cfg.attributes["embedding_dim"] = embedding_dim
