@@ -57,15 +57,16 @@ def migrate(engine: Engine, *, embedding_dim: int) -> tuple[str | None, str]:
         before = _revision_on(conn)  # read under the lock: a concurrent migrate has committed
         _refuse_unknown(before)
         if before is None:
-            adoption.prepare(conn)
+            adoption.prepare(conn, embedding_dim)
         else:
             check_embedding_dim(conn, embedding_dim)
         cfg.attributes["connection"] = conn
         cfg.attributes["embedding_dim"] = embedding_dim
-        try:
-            command.upgrade(cfg, "head")
-        except CommandError as exc:
-            raise SchemaOutdated(f"cannot migrate this database's schema: {exc}") from None
+        with adoption.translated_violations():
+            try:
+                command.upgrade(cfg, "head")
+            except CommandError as exc:
+                raise SchemaOutdated(f"cannot migrate this database's schema: {exc}") from None
     return before, head_revision()
 
 
@@ -109,7 +110,4 @@ def stored_embedding_dim(conn: Connection) -> int | None:
 def check_embedding_dim(conn: Connection, embedding_dim: int) -> None:
     stored = stored_embedding_dim(conn)
     if stored is not None and stored != embedding_dim:
-        raise ConfigError(
-            f"embeddings.dim = {embedding_dim} but the store's embedding column is "
-            f"vector({stored}); set embeddings.dim = {stored} (MEMORY_GC_EMBEDDINGS__DIM)"
-        )
+        raise ConfigError(adoption.dim_mismatch(embedding_dim, stored))
