@@ -20,5 +20,7 @@ USER memorygc
 VOLUME ["/data"]
 # 9108: Prometheus metrics and /healthz of `memory-gc schedule --metrics-port 9108`
 EXPOSE 9108
+# memory-gc runs as PID 1: every command handles SIGTERM itself (the daemon finishes its batch,
+# a one-shot command stops as on Ctrl-C), so `docker stop` works without an init process
 ENTRYPOINT ["memory-gc"]
 CMD ["schedule", "--metrics-port", "9108"]

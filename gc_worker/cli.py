@@ -7,8 +7,11 @@ Exit codes: 0 success, 2 bad usage or configuration (the message says what and h
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -112,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.configure()
         args = build_parser().parse_args(argv)
         context = Context(load_settings(args.config), load_runtime())
-        return int(args.handler(args, context) or 0)
+        with sigterm_interrupts(args.command != "schedule"):  # the daemon has its own handler
+            return int(args.handler(args, context) or 0)
     except MemoryGCError as exc:
         print(f"memory-gc: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -133,6 +137,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if context is not None:
             context.close()
+
+
+@contextlib.contextmanager
+def sigterm_interrupts(enabled: bool) -> Iterator[None]:
+    """SIGTERM stops a one-shot command as Ctrl-C does: the open batch rolls back, committed
+    ones stay. Without a handler, a process that is PID 1 of a container (no init) ignores
+    SIGTERM, and `docker stop` would wait for SIGKILL."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def entry() -> None:

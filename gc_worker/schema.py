@@ -1,4 +1,9 @@
-"""Schema management: Alembic migrations, and the check every command runs first."""
+"""Schema management: Alembic migrations, and the check every command runs first.
+
+``migrate`` runs in one transaction that first takes a transaction-level advisory lock, so two
+``migrate`` processes at once (replicas' init containers) run one after the other: the second
+finds the schema current. It refuses (exit 2) a schema newer than this build.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,15 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Engine
+from alembic.util.exc import CommandError
+from sqlalchemy.engine import Connection, Engine
 
+from gc_worker import adoption
 from gc_worker.errors import ConfigError, SchemaOutdated
 
 VERSION_TABLE = "memory_gc_alembic_version"
 MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(4242004, 0)"  # one `migrate` at a time
 
 
 def _alembic_config() -> Config:
@@ -23,26 +31,42 @@ def _alembic_config() -> Config:
     return cfg
 
 
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_alembic_config())
+
+
 def head_revision() -> str:
-    return ScriptDirectory.from_config(_alembic_config()).get_current_head() or ""
+    return _scripts().get_current_head() or ""
 
 
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-        return ctx.get_current_revision()
+        return _revision_on(conn)
+
+
+def _revision_on(conn: Connection) -> str | None:
+    ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    return ctx.get_current_revision()
 
 
 def migrate(engine: Engine, *, embedding_dim: int) -> tuple[str | None, str]:
-    """Upgrade to head; returns (revision before, revision after)."""
-    before = current_revision(engine)
-    if before is not None:
-        check_embedding_dim(engine, embedding_dim)
+    """Upgrade to head in one transaction; returns (revision before, revision after)."""
     cfg = _alembic_config()
     with engine.begin() as conn:
+        conn.exec_driver_sql(MIGRATE_LOCK)
+        before = _revision_on(conn)  # read under the lock: a concurrent migrate has committed
+        _refuse_unknown(before)
+        if before is None:
+            adoption.prepare(conn, embedding_dim)
+        else:
+            check_embedding_dim(conn, embedding_dim)
         cfg.attributes["connection"] = conn
         cfg.attributes["embedding_dim"] = embedding_dim
-        command.upgrade(cfg, "head")
+        with adoption.translated_violations():
+            try:
+                command.upgrade(cfg, "head")
+            except CommandError as exc:
+                raise SchemaOutdated(f"cannot migrate this database's schema: {exc}") from None
     return before, head_revision()
 
 
@@ -52,31 +76,38 @@ def require_current(engine: Engine, *, embedding_dim: int) -> None:
     if current is None:
         raise SchemaOutdated("the database has no memory-gc schema yet; run `memory-gc migrate`")
     if current != head:
-        known = {
-            rev.revision for rev in ScriptDirectory.from_config(_alembic_config()).walk_revisions()
-        }
-        if current not in known:
-            raise SchemaOutdated(
-                f"the database schema ({current}) is newer than this memory-gc ({head}); "
-                "upgrade memory-gc before running it against this database"
-            )
+        _refuse_unknown(current)
         raise SchemaOutdated(
             f"the database schema is at {current}, this memory-gc needs {head}; "
             "run `memory-gc migrate`"
         )
-    check_embedding_dim(engine, embedding_dim)
-
-
-def check_embedding_dim(engine: Engine, embedding_dim: int) -> None:
     with engine.connect() as conn:
-        stored = conn.execute(
-            sa.text(
-                "SELECT atttypmod FROM pg_attribute"
-                " WHERE attrelid = 'memories'::regclass AND attname = 'embedding'"
-            )
-        ).scalar()
-    if stored is not None and stored > 0 and stored != embedding_dim:
-        raise ConfigError(
-            f"embeddings.dim = {embedding_dim} but the store's embedding column is "
-            f"vector({stored}); set embeddings.dim = {stored} (MEMORY_GC_EMBEDDINGS__DIM)"
+        check_embedding_dim(conn, embedding_dim)
+
+
+def _refuse_unknown(current: str | None) -> None:
+    """A revision this build does not know was written by a newer memory-gc."""
+    if current is None or current in {rev.revision for rev in _scripts().walk_revisions()}:
+        return
+    raise SchemaOutdated(
+        f"the database schema ({current}) is newer than this memory-gc ({head_revision()}); "
+        "upgrade memory-gc before running it against this database"
+    )
+
+
+def stored_embedding_dim(conn: Connection) -> int | None:
+    """The n of ``memories.embedding vector(n)``; None when unconstrained or absent."""
+    stored = conn.execute(
+        sa.text(
+            "SELECT atttypmod FROM pg_attribute"
+            " WHERE attrelid = to_regclass('memories') AND attname = 'embedding'"
+            " AND NOT attisdropped"
         )
+    ).scalar()
+    return stored if stored is not None and stored > 0 else None
+
+
+def check_embedding_dim(conn: Connection, embedding_dim: int) -> None:
+    stored = stored_embedding_dim(conn)
+    if stored is not None and stored != embedding_dim:
+        raise ConfigError(adoption.dim_mismatch(embedding_dim, stored))

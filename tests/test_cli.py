@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from uuid import UUID
 
@@ -321,3 +326,46 @@ class TestBadInput:
         assert main(["apply", plan_id]) == 2
         assert "already applied" in capsys.readouterr().err
         assert snapshot(engine) == before
+
+
+class TestSignals:
+    def test_sigterm_stops_a_one_shot_command_as_ctrl_c_does(self, engine, cli_env):
+        """SIGTERM to `run` (as `docker stop` sends to PID 1) interrupts it like Ctrl-C: exit 1
+        with the interrupt message, instead of the signal's default (ignored as PID 1)."""
+        seeded(engine)
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        argv = [sys.executable, "-m", "gc_worker.cli", "run", "--dry-run", "--now", NOW_ARG]
+        with engine.connect() as blocker, engine.connect() as watcher:
+            blocker.exec_driver_sql("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+            try:
+                waiting_for_lock(watcher)
+                proc.send_signal(signal.SIGTERM)
+                _, err = proc.communicate(timeout=60)
+            finally:
+                proc.kill()
+                blocker.rollback()
+        assert proc.returncode == 1, err
+        assert "interrupted; committed batches stay applied" in err
+
+    def test_a_one_shot_command_puts_the_sigterm_handler_back(self, cli_env):
+        """The handler lives only while the command runs (in-process callers keep theirs)."""
+        before = signal.getsignal(signal.SIGTERM)
+        assert main(["runs"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is before
+
+
+def waiting_for_lock(conn, timeout: float = 60.0) -> None:
+    """Until another session of this database waits on a lock."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        waiting = conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        ).scalar()
+        conn.rollback()
+        if waiting:
+            return
+        time.sleep(0.1)
+    raise AssertionError("no session started waiting on the lock")

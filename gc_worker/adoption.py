@@ -1,0 +1,285 @@
+"""What ``memory-gc migrate`` checks before it creates the store, or adopts an existing one.
+
+Run inside the migration transaction, before any DDL, on a database without memory-gc's version
+table (``prepare``). Every refusal is a :class:`ConfigError` (exit 2) that says how to fix it:
+
+- the role may create tables in the target schema (``GRANT CREATE ON SCHEMA …``);
+- pgvector is installed on the server and created in the database (a superuser may have to run
+  ``CREATE EXTENSION vector``);
+- a ``memories`` table the application already made fits DESIGN.md section 2: every contract
+  column, of a compatible type, NOT NULL where the contract says so; ``id`` unique; the vector
+  dimension equal to ``embeddings.dim``; no extra NOT NULL column without a default (the worker
+  inserts merged records); owned by the migrating role. An existing ``memory_lineage`` has
+  ``derived_id`` and ``source_id`` uuid columns and no foreign key that blocks purges.
+
+Migration 0001 then keeps the rows and adds what the worker needs (defaults, CHECKs, indexes,
+lineage keys, the view). Rows that break a CHECK or key it adds roll the whole migration back;
+``translated_violations`` turns that into a ConfigError naming the constraint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from gc_worker.errors import ConfigError
+from gc_worker.queries import q
+
+# DESIGN.md section 2: (column, type, NOT NULL, default)
+MEMORIES: tuple[tuple[str, str, bool, str | None], ...] = (
+    ("id", "uuid", True, "gen_random_uuid()"),
+    ("user_id", "text", True, None),
+    ("content", "text", True, None),
+    ("embedding", "vector", False, None),
+    ("memory_type", "text", True, "'semantic'"),
+    ("source", "text", True, "'explicit_user_statement'"),
+    ("scope", "text", False, None),
+    ("slot", "text", False, None),
+    ("supersedes", "uuid[]", True, "'{}'"),
+    ("importance", "smallint", True, "3"),
+    ("importance_assessed_at", "timestamptz", False, None),
+    ("confidence", "real", True, "1.0"),
+    ("decayed_confidence", "real", False, None),
+    ("pinned", "boolean", True, "false"),
+    ("created_at", "timestamptz", True, "now()"),
+    ("updated_at", "timestamptz", True, "now()"),
+    ("last_accessed_at", "timestamptz", False, None),
+    ("access_count", "integer", True, "0"),
+    ("observed_at", "timestamptz", True, "now()"),
+    ("valid_from", "timestamptz", False, None),
+    ("valid_until", "timestamptz", False, None),
+    ("expires_at", "timestamptz", False, None),
+    ("status", "text", True, "'active'"),
+    ("status_reason", "text", False, None),
+    ("status_changed_at", "timestamptz", False, None),
+    ("superseded_by", "uuid", False, None),
+    ("deleted_at", "timestamptz", False, None),
+    ("metadata", "jsonb", True, "'{}'"),
+)
+LINEAGE = (("derived_id", "uuid"), ("source_id", "uuid"))
+# format_type() spellings each contract type accepts (a varchar(n) is refused: ALTER … TYPE text
+# is a catalog-only change, while a bound could reject a merged record's text)
+ACCEPTED = {
+    "text": {"text", "character varying"},
+    "timestamptz": {"timestamp with time zone"},
+    "integer": {"integer", "bigint"},
+}
+# the indexes migration 0001 creates; one an operator built CONCURRENTLY beforehand is kept
+INDEXES = (
+    "memories_user_status_idx",
+    "memories_ttl_idx",
+    "memories_deleted_idx",
+    "memories_history_idx",
+    "memories_slot_idx",
+    "memories_valid_until_idx",
+    "memory_lineage_source_idx",
+    "memory_lineage_pair_key",
+)
+RELATION_KINDS = {"r": "table", "p": "table", "v": "view", "m": "materialized view",
+                  "f": "foreign table"}  # fmt: skip
+# SQLSTATEs of CREATE EXTENSION
+INSUFFICIENT_PRIVILEGE, NOT_AVAILABLE, NO_CONTROL_FILE = "42501", "0A000", "58P01"
+RERUN = "then re-run `memory-gc migrate`"
+
+
+def prepare(conn: Connection, embedding_dim: int) -> None:
+    """Refuse (ConfigError) unless migration 0001 can create or adopt the store here."""
+    who = _require_schema_privilege(conn)
+    _ensure_pgvector(conn, who)
+    problems = [*memories_problems(conn, embedding_dim), *lineage_problems(conn)]
+    if problems:
+        listed = "".join(f"\n  - {problem}" for problem in problems)
+        raise ConfigError(
+            "the existing store does not fit what memory-gc needs (DESIGN.md section 2; "
+            f"docs/operations.md, 'Adopting an existing store'):{listed}\n"
+            f"nothing was changed; fix these, {RERUN}"
+        )
+
+
+def _require_schema_privilege(conn: Connection) -> Any:
+    """Role, database and schema, once the role may create tables where migrate puts them."""
+    who = conn.execute(q("migrate_prerequisites")).one()
+    if who.schema_name is None:
+        raise ConfigError(
+            f"no schema of the search_path of role {who.role_name} exists in database "
+            f"{who.database_name}; set search_path (e.g. ?options=-csearch_path%3Dpublic in "
+            f"MEMORY_GC_DATABASE_URL), {RERUN}"
+        )
+    if not who.can_create:
+        raise ConfigError(
+            f"role {who.role_name} may not create tables in schema {who.schema_name} of "
+            f"database {who.database_name}: grant CREATE on schema {who.schema_name} to "
+            f"{who.role_name} (GRANT CREATE ON SCHEMA {who.schema_name} TO {who.role_name};), "
+            f"{RERUN}"
+        )
+    return who
+
+
+def _ensure_pgvector(conn: Connection, who: Any) -> None:
+    try:
+        conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS vector")
+    except sa.exc.DBAPIError as exc:
+        state = getattr(exc.orig, "sqlstate", None)
+        if state in (NOT_AVAILABLE, NO_CONTROL_FILE):
+            raise ConfigError(
+                "the PostgreSQL server has no pgvector extension: install pgvector on the "
+                "server (e.g. the postgresql-<version>-pgvector package, or an image that "
+                f"ships it), {RERUN}"
+            ) from None
+        if state == INSUFFICIENT_PRIVILEGE:
+            raise ConfigError(
+                f"role {who.role_name} may not create the pgvector extension: have a superuser "
+                f"run CREATE EXTENSION vector; in database {who.database_name}, {RERUN}"
+            ) from None
+        raise
+
+
+def memories_problems(conn: Connection, embedding_dim: int) -> list[str]:
+    """What keeps an application's ``memories`` table from being adopted ([] if none)."""
+    relation = _relation(conn, "memories")
+    if relation is None:
+        return []
+    if relation.relkind not in ("r", "p"):
+        kind = RELATION_KINDS.get(relation.relkind, "relation")
+        return [f"memories is a {kind}; memory-gc needs a table (DESIGN.md section 2)"]
+    columns = {col.name: col for col in _columns(conn, "memories")}
+    problems = _owner_problem(relation, "memories")
+    for name, type_, not_null, default in MEMORIES:
+        column = columns.get(name)
+        if column is None:
+            ddl = _column_ddl(name, type_, not_null, default, embedding_dim)
+            problems.append(f"missing column {name}: ALTER TABLE memories ADD COLUMN {ddl};")
+            continue
+        problems += _column_problems(column, type_, not_null, embedding_dim)
+    problems += [
+        f"column {col.name} is NOT NULL without a default, and memory-gc inserts merged "
+        f"records without it: ALTER TABLE memories ALTER COLUMN {col.name} SET DEFAULT …; "
+        f"(or DROP NOT NULL)"
+        for col in columns.values()
+        if col.name not in {spec[0] for spec in MEMORIES} and col.not_null and not col.filled
+    ]
+    if "id" in columns and not conn.execute(q("id_is_unique")).scalar():
+        problems.append("id is not unique on its own: ALTER TABLE memories ADD PRIMARY KEY (id);")
+    return problems + _invalid_index_problems(conn)
+
+
+def lineage_problems(conn: Connection) -> list[str]:
+    """What keeps an existing ``memory_lineage`` table from being adopted ([] if none)."""
+    relation = _relation(conn, "memory_lineage")
+    if relation is None:
+        return []
+    if relation.relkind not in ("r", "p"):
+        return ["memory_lineage is not a table; memory-gc needs (derived_id uuid, source_id uuid)"]
+    columns = {col.name: col for col in _columns(conn, "memory_lineage")}
+    problems = _owner_problem(relation, "memory_lineage")
+    for name, type_ in LINEAGE:
+        if name not in columns or columns[name].type_name != type_:
+            problems.append(
+                f"memory_lineage.{name} must be a uuid column (the id of a memory): "
+                f"ALTER TABLE memory_lineage ADD COLUMN {name} uuid; (or ALTER … TYPE uuid)"
+            )
+    problems += [
+        f"memory_lineage's foreign key {name} does not cascade deletes, so purging a memory "
+        f"would fail: ALTER TABLE memory_lineage DROP CONSTRAINT {name}; (migrate adds one "
+        "with ON DELETE CASCADE)"
+        for name in conn.execute(q("lineage_keys_without_cascade")).scalars()
+    ]
+    return problems
+
+
+def _column_problems(column: Any, type_: str, not_null: bool, embedding_dim: int) -> list[str]:
+    name, problems = column.name, []
+    if type_ == "vector":
+        stored = _vector_dim(column.type_name)
+        if column.base_type != "vector":
+            problems.append(
+                f"column embedding is {column.type_name}, memory-gc needs vector({embedding_dim})"
+            )
+        elif stored is not None and stored != embedding_dim:
+            problems.append(dim_mismatch(embedding_dim, stored))
+    elif column.type_name not in ACCEPTED.get(type_, {type_}):
+        problems.append(
+            f"column {name} is {column.type_name}, memory-gc needs {type_}: "
+            f"ALTER TABLE memories ALTER COLUMN {name} TYPE {type_};"
+        )
+    if not_null and not column.not_null:
+        problems.append(
+            f"column {name} allows NULL, memory-gc needs a value in every row: fill its NULLs, "
+            f"then ALTER TABLE memories ALTER COLUMN {name} SET NOT NULL;"
+        )
+    return problems
+
+
+def dim_mismatch(embedding_dim: int, stored: int) -> str:
+    return (
+        f"embeddings.dim = {embedding_dim} but the store's embedding column is "
+        f"vector({stored}); set embeddings.dim = {stored} (MEMORY_GC_EMBEDDINGS__DIM={stored})"
+    )
+
+
+def _vector_dim(type_name: str) -> int | None:
+    inside = type_name.partition("(")[2].rstrip(")")
+    return int(inside) if inside.isdigit() else None
+
+
+def _column_ddl(name: str, type_: str, not_null: bool, default: str | None, dim: int) -> str:
+    ddl = f"{name} {f'vector({dim})' if type_ == 'vector' else type_}"
+    return ddl + (" NOT NULL" if not_null else "") + (f" DEFAULT {default}" if default else "")
+
+
+def _owner_problem(relation: Any, name: str) -> list[str]:
+    if relation.owned:
+        return []
+    return [
+        f"{name} belongs to role {relation.owner}, and migrate alters it: run "
+        f"`memory-gc migrate` as {relation.owner} (or GRANT {relation.owner} TO the role it "
+        "runs as)"
+    ]
+
+
+def _invalid_index_problems(conn: Connection) -> list[str]:
+    return [
+        f"index {name} is invalid (a CREATE INDEX CONCURRENTLY that failed) and migrate keeps "
+        f"an index of that name: DROP INDEX {name}; and build it again (or let migrate build it)"
+        for name in conn.execute(q("invalid_indexes"), {"names": list(INDEXES)}).scalars()
+    ]
+
+
+def _relation(conn: Connection, name: str) -> Any:
+    return conn.execute(q("relation_of"), {"name": name}).one_or_none()
+
+
+def _columns(conn: Connection, name: str) -> list[Any]:
+    return list(conn.execute(q("columns_of"), {"name": name}))
+
+
+@contextlib.contextmanager
+def translated_violations() -> Iterator[None]:
+    """Existing rows that break a constraint migration 0001 adds: exit 2 with the fix."""
+    try:
+        yield
+    except sa.exc.IntegrityError as exc:
+        from gc_worker.db import describe_error
+
+        constraint = getattr(getattr(exc.orig, "diag", None), "constraint_name", None) or ""
+        raise ConfigError(
+            f"existing rows do not satisfy what memory-gc adds to the store "
+            f"({describe_error(exc)}){_hint(constraint)}; nothing was changed: fix those rows, "
+            f"{RERUN}"
+        ) from None
+
+
+def _hint(constraint: str) -> str:
+    hints = {
+        "memories_importance_check": "importance must be 1..5",
+        "memories_confidence_check": "confidence must be 0..1",
+        "memories_status_check": "status must be active, obsolete, merged or deleted",
+        "memory_lineage_derived_id_fkey": "every derived_id must be the id of a memory",
+        "memory_lineage_source_id_fkey": "every source_id must be the id of a memory",
+        "memory_lineage_pair_key": "each (derived_id, source_id) pair must appear once",
+    }
+    return f": {hints[constraint]}" if constraint in hints else ""

@@ -1,0 +1,43 @@
+-- migrate_prerequisites --
+-- Who migrates where, and whether that role may create tables in the schema objects go to.
+SELECT current_user AS role_name, current_database() AS database_name,
+       current_schema() AS schema_name,
+       coalesce(has_schema_privilege(current_schema(), 'CREATE'), false) AS can_create
+
+-- relation_of --
+-- A relation of the search path by name: its kind, owner, and whether this role may alter it.
+SELECT c.relkind, pg_get_userbyid(c.relowner) AS owner, pg_has_role(c.relowner, 'USAGE') AS owned
+FROM pg_class c
+WHERE c.oid = to_regclass(:name)
+
+-- columns_of --
+-- A table's live columns: type as DDL writes it, NOT NULL, and whether an insert may omit it.
+SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type_name,
+       t.typname AS base_type, a.attnotnull AS not_null,
+       a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS filled
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid = to_regclass(:name) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+
+-- id_is_unique --
+-- Whether memories.id alone is a primary key or plain unique index (lineage references it).
+SELECT EXISTS (
+    SELECT 1
+    FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+    WHERE i.indrelid = to_regclass('memories') AND i.indisunique AND i.indisvalid
+      AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = 'id'
+)
+
+-- lineage_keys_without_cascade --
+-- Foreign keys from memory_lineage to memories that would block purging a memory.
+SELECT conname FROM pg_constraint
+WHERE conrelid = to_regclass('memory_lineage') AND contype = 'f'
+  AND confrelid = to_regclass('memories') AND confdeltype <> 'c'
+ORDER BY conname
+
+-- invalid_indexes --
+-- Indexes of the given names left invalid (a failed CREATE INDEX CONCURRENTLY).
+SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE NOT i.indisvalid AND c.relname = ANY(:names)
+  AND i.indrelid IN (to_regclass('memories'), to_regclass('memory_lineage'))
+ORDER BY c.relname
