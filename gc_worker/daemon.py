@@ -106,8 +106,8 @@ class Daemon:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Healthy while the sweep loop turns; while it works a sweep (which may take minutes
-        of LLM calls), while batches keep committing or model requests keep completing
-        (``BUSY_LIMIT_SECONDS`` apart at most)."""
+        of LLM calls), while batches keep committing, model requests keep completing or the
+        sweep keeps turning (see ``work``), ``BUSY_LIMIT_SECONDS`` apart at most."""
         now = time.monotonic()
         age = now - self.last_loop
         if self.sweeping:
@@ -219,7 +219,10 @@ class Daemon:
 
     def work(self, run_id: UUID, *, on_progress: Callable[[], None] | None = None) -> bool:
         """Take part in a run until it has no pending batch (or we stop); True if completed.
-        ``on_progress`` is called after every committed batch and every model request."""
+        ``on_progress`` is called after every committed batch and every model request, and
+        each time the run asks whether to stop: between batches, between the users of a plan,
+        and every second it waits for a user another worker's batch holds (that worker is
+        alive: a dead one's session, and its locks, would be gone)."""
         with participating(self.engine, run_id):
             with self.engine.connect() as conn:
                 run = load_run(conn, run_id)
@@ -230,8 +233,8 @@ class Daemon:
                 llm.on_request_done = on_progress
             try:
                 done = process_run(
-                    self.engine, run_id, settings_of(run), llm=llm, should_stop=self.stopping,
-                    participate=False,
+                    self.engine, run_id, settings_of(run), llm=llm,
+                    should_stop=self._stop_check(on_progress), participate=False,
                     on_batch=lambda _: self._batch_committed(run_id, run["trigger"], on_progress),
                 )  # fmt: skip
             except Exception:
@@ -251,6 +254,16 @@ class Daemon:
         if on_progress is not None:
             on_progress()
         self.metrics.batches_committed(self.engine, run_id, trigger)
+
+    def _stop_check(self, on_progress: Callable[[], None] | None) -> Callable[[], bool]:
+        if on_progress is None:
+            return self.stopping
+
+        def should_stop() -> bool:  # asked means turning: the unit is alive
+            on_progress()
+            return self.stopping()
+
+        return should_stop
 
     def _sweep_progressed(self) -> None:
         """The sweep loop's unit of work moved on (what /healthz follows while it is inside

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from gc_worker import cli, sweeps
 from gc_worker.config import ScheduleSettings, Settings
-from gc_worker.daemon import Daemon, listen_dsn
+from gc_worker.daemon import BUSY_LIMIT_SECONDS, Daemon, listen_dsn
 from gc_worker.errors import NotFoundError
 from gc_worker.queries import q
 from tests.store import NOW, add, days_ago, execute, status
@@ -233,6 +233,28 @@ class TestOneBatchPerUser:
             assert thread.is_alive() and status(engine, alice) == "active"
             other_batch.execute(q("unlock_claim"))
         thread.join(10)
+        assert request_row(engine, request_id)["status"] == "done"
+
+    def test_waiting_for_a_held_user_keeps_the_daemon_healthy(self, engine, daemon):
+        """Each second a sweep waits for a user another live worker's batch holds counts as
+        progress: /healthz stays 200 however long that batch takes (BUSY_LIMIT_SECONDS)."""
+        alice = expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        with engine.connect() as other_batch:
+            other_batch.execute(q("lock_batch_users"), {"users": ["alice"]})
+            other_batch.commit()
+            thread = threading.Thread(target=daemon._sweep_step)  # the sweep loop's unit
+            thread.start()
+            try:
+                assert wait_for(lambda: request_row(engine, request_id)["run_id"] is not None, 10)
+                for _ in range(2):  # the second time, only the wait itself can show progress
+                    stale = time.monotonic() - BUSY_LIMIT_SECONDS - 1
+                    daemon.last_loop = daemon.last_progress = stale
+                    assert wait_for(lambda: daemon.health()[0], 10), daemon.health()
+                    assert thread.is_alive() and status(engine, alice) == "active"
+            finally:
+                other_batch.execute(q("unlock_claim"))
+                thread.join(10)
         assert request_row(engine, request_id)["status"] == "done"
 
 
