@@ -274,9 +274,17 @@ class Daemon:
         if claim.attempts > sweeps.MAX_ATTEMPTS:
             self._sweep_failed(claim.id, f"gave up after {sweeps.MAX_ATTEMPTS} attempts")
             return
+        lease = sweeps.Lease(
+            self.engine, claim.id, worker=WORKER_ID, seconds=self.settings.run.lease_seconds
+        )
+
+        def progressed() -> None:  # a sign of life for /healthz and for the other replicas
+            self._sweep_progressed()
+            lease.renew()
+
         try:
             run_id = self._sweep_run(claim)
-            done = self.work(run_id, on_progress=self._sweep_progressed)
+            done = self.work(run_id, on_progress=progressed)
         except NotFoundError as exc:
             self._sweep_failed(claim.id, str(exc))
             return
@@ -286,11 +294,13 @@ class Daemon:
         with self.engine.connect() as conn:
             status = load_run(conn, run_id)["status"]
         if done or status == "completed":
-            sweeps.finish_sweep(self.engine, claim.id)
-            self.metrics.sweeps.labels("done").inc()
+            if sweeps.finish_sweep(self.engine, claim.id, worker=WORKER_ID):
+                self.metrics.sweeps.labels("done").inc()
         elif self.stopping():
             sweeps.release_sweep(self.engine, claim.id, worker=WORKER_ID)
-        # else: the daemon that first claimed it is still working its run and will close it
+        # else: another worker still holds the run's last batch (say a holder whose lease ran out
+        # before it joined the run); once the lease runs out, the next claimer finds the run
+        # completed and closes the request
 
     def _sweep_run(self, claim: sweeps.SweepClaim) -> UUID:
         if claim.run_id is not None:
@@ -306,8 +316,8 @@ class Daemon:
         return run_id
 
     def _sweep_failed(self, request_id: int, error: str) -> None:
-        sweeps.finish_sweep(self.engine, request_id, error=error)
-        self.metrics.sweeps.labels("failed").inc()
+        if sweeps.finish_sweep(self.engine, request_id, worker=WORKER_ID, error=error):
+            self.metrics.sweeps.labels("failed").inc()
 
     def _orphaned_runs(self) -> list[UUID]:
         with self.engine.connect() as conn:
