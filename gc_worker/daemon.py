@@ -272,7 +272,7 @@ class Daemon:
 
     def _serve_sweep(self, claim: sweeps.SweepClaim) -> None:
         if claim.attempts > sweeps.MAX_ATTEMPTS:
-            self._sweep_failed(claim.id, f"gave up after {sweeps.MAX_ATTEMPTS} attempts")
+            self._give_up(claim)
             return
         lease = sweeps.Lease(
             self.engine, claim.id, worker=WORKER_ID, seconds=self.settings.run.lease_seconds
@@ -318,6 +318,15 @@ class Daemon:
     def _sweep_failed(self, request_id: int, error: str) -> None:
         if sweeps.finish_sweep(self.engine, request_id, worker=WORKER_ID, error=error):
             self.metrics.sweeps.labels("failed").inc()
+
+    def _give_up(self, claim: sweeps.SweepClaim) -> None:
+        """Its daemons died MAX_ATTEMPTS times: fail the request, and the run they left."""
+        error = f"gave up after {sweeps.MAX_ATTEMPTS} attempts"
+        self._sweep_failed(claim.id, error)
+        if claim.run_id is not None and sweeps.fail_abandoned_run(
+            self.engine, claim.run_id, error=f"sweep request {claim.id} {error}"
+        ):
+            self.metrics.run_finished(self.engine, claim.run_id)
 
     def _orphaned_runs(self) -> list[UUID]:
         with self.engine.connect() as conn:

@@ -110,6 +110,25 @@ class Lease:
                         error=describe_error(exc))  # fmt: skip
 
 
+def fail_abandoned_run(engine: Engine, run_id: UUID, *, error: str) -> bool:
+    """Fail the run of a request given up after MAX_ATTEMPTS, unless a worker still takes part
+    in it: nothing resumes a sweep run, so it would stay ``running`` for ever. True if failed."""
+    with engine.connect() as conn:
+        if not conn.execute(q("try_run_exclusive"), {"run_id": run_id}).scalar():
+            conn.commit()
+            return False
+        try:
+            failed = conn.execute(q("fail_run"), {"run_id": run_id, "error": error}).rowcount > 0
+            conn.commit()
+        finally:
+            conn.rollback()  # a no-op, or after a failed statement lets the unlock run
+            conn.execute(q("unlock_run_exclusive"), {"run_id": run_id})
+            conn.commit()
+    if failed:
+        log.info("gc.sweep.run_failed", run_id=str(run_id), error=error)
+    return failed
+
+
 def release_sweep(engine: Engine, request_id: int, *, worker: str) -> None:
     with transaction(engine) as conn:
         conn.execute(q("release_sweep_request"), {"id": request_id, "worker": worker})

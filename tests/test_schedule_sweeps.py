@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 import jobs.ttl_expiry as ttl
 from gc_worker import cli, db, sweeps
+from gc_worker.batch_run import WORKER_ID
 from gc_worker.claims import participating
 from gc_worker.config import RunSettings, ScheduleSettings, Settings
 from gc_worker.daemon import BUSY_LIMIT_SECONDS, Daemon, listen_dsn
@@ -189,6 +190,36 @@ class TestLease:
         assert (row["status"], row["claimed_by"]) == ("running", "next:2")
         assert sweeps.finish_sweep(engine, request_id, worker="next:2") is True
         assert request_row(engine, request_id)["status"] == "done"
+
+    def test_given_up_request_fails_its_run(self, engine, daemon):
+        """A request given up after MAX_ATTEMPTS fails the run its dead daemons left running
+        (a sweep run is never resumed otherwise)."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        run_id = daemon._sweep_run(self.claim_and_die(engine, 301))  # the first daemon's run
+        for _ in range(sweeps.MAX_ATTEMPTS - 1):
+            self.claim_and_die(engine, 301)
+        assert daemon.sweep_next() is True
+        row = request_row(engine, request_id)
+        assert row["status"] == "failed" and row["run_id"] == run_id
+        run = execute(engine, "SELECT status, error FROM gc_runs WHERE id = :r", r=run_id).one()
+        assert run.status == "failed" and f"sweep request {request_id} gave up" in run.error
+
+    def test_given_up_request_leaves_a_run_someone_works(self, engine, daemon):
+        """A run a daemon still takes part in is not failed by a give-up."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        run_id = daemon._sweep_run(self.claim_and_die(engine, 301))
+        for _ in range(sweeps.MAX_ATTEMPTS - 1):
+            self.claim_and_die(engine, 301)
+        claim = sweeps.claim_sweep(engine, worker=WORKER_ID, lease_seconds=300)
+        assert claim is not None and claim.attempts > sweeps.MAX_ATTEMPTS
+        with participating(engine, run_id):
+            daemon._serve_sweep(claim)
+        assert request_row(engine, request_id)["status"] == "failed"
+        assert execute(engine, "SELECT status FROM gc_runs WHERE id = :r", r=run_id).scalar() == (
+            "running"
+        )
 
     def test_a_waiting_sweep_renews_its_claim(self, engine, settings):
         """While its sweep moves (here: waits, second by second, for a user another batch
