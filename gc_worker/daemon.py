@@ -2,8 +2,13 @@
 
 Threads: an APScheduler 3 ``BackgroundScheduler`` runs the ``nightly`` cron job (coalesce,
 max_instances=1, misfire grace from config; it also fires once at start-up to catch up a slot
-missed within the grace) and an ``upkeep`` interval job (apply due plans, resume orphaned
-nightly runs). The main thread waits on LISTEN/NOTIFY or ``poll_seconds`` and serves sweeps.
+missed within the grace) and an ``upkeep`` interval job (run a due slot that has no run yet,
+apply due plans, resume orphaned nightly runs). The main thread waits on LISTEN/NOTIFY or
+``poll_seconds`` and serves sweeps.
+
+A firing is not the only chance of a slot: one that failed (the database was unreachable) is
+run by the next upkeep, one skipped because this daemon's previous nightly run was still going
+is run when that run ends; either way within the grace, and once (the slot is unique).
 
 Any number of daemons share one database: a slot's run is created once (unique
 ``gc_runs.slot``) and joined by the others; batches are claimed with session-level advisory
@@ -81,6 +86,7 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self._llm_factory = llm_factory or (lambda: None)
         self._stop = threading.Event()
+        self._nightly = threading.Lock()  # one nightly run at a time (cron job or upkeep)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self.failures = 0
@@ -128,15 +134,32 @@ class Daemon:
     # -- units of work -------------------------------------------------------------------
 
     def nightly(self) -> UUID | None:
-        """Start or join the run of the slot due now (within the grace); None if none is due."""
-        fire = scheduler.due_slot(
-            self.trigger, self.clock(), self.settings.schedule.misfire_grace_seconds
-        )
-        if fire is None:
+        """Start or join the run of the slot due now (within the grace), then of any slot that
+        came due while it ran; the last run worked, or None if no slot is due or this daemon's
+        nightly work is under way in another thread (which takes the new slot when it ends)."""
+        if not self._nightly.acquire(blocking=False):
             return None
-        run_id, _ = scheduler.nightly_run(self.engine, self.settings, fire)
-        self.work(run_id)
-        return run_id
+        try:
+            worked, done = None, None
+            while not self.stopping():
+                fire = self._due_slot()
+                if fire is None or fire == done:
+                    break
+                worked, _ = scheduler.nightly_run(self.engine, self.settings, fire)
+                self.work(worked)
+                done = fire
+            return worked
+        finally:
+            self._nightly.release()
+
+    def catch_up_slot(self) -> UUID | None:
+        """Run the slot due now if it has no run yet (its firing failed before the run was
+        created: the database was unreachable, say). A slot whose run failed is not run again."""
+        fire = self._due_slot()
+        if fire is None or scheduler.run_of_slot(self.engine, scheduler.slot_key(fire)) is not None:
+            return None
+        log.info("gc.schedule.catching_up", slot=scheduler.slot_key(fire))
+        return self.nightly()
 
     def apply_due_plans(self) -> list[UUID]:
         """plan_then_apply: apply every nightly plan whose review delay is over (not rejected)."""
@@ -177,7 +200,9 @@ class Daemon:
         return True
 
     def upkeep(self) -> None:
-        """The interval job: apply due plans, resume orphaned runs."""
+        """The interval job: run a due slot that has no run (a slot has a deadline, the grace),
+        apply due plans, resume orphaned runs."""
+        self.attempt(self.catch_up_slot)
         self.attempt(self.apply_due_plans)
         self.attempt(self.resume_orphans)
 
@@ -203,7 +228,7 @@ class Daemon:
                 self.last_loop = time.monotonic()
                 while not self.stopping() and self._sweep_step():
                     self.last_loop = time.monotonic()
-                self.attempt(self._poll_queue_gauge)
+                self.attempt(self.count_pending_sweeps)
                 listener.wait(self.settings.schedule.poll_seconds)
         finally:
             background.shutdown(wait=True)
@@ -341,7 +366,8 @@ class Daemon:
             conn.commit()
         return orphans
 
-    def _poll_queue_gauge(self) -> None:
+    def count_pending_sweeps(self) -> None:
+        """The queue-length gauge."""
         self.metrics.sweep_queue.set(sweeps.pending_count(self.engine))
 
     def attempt(self, unit: Callable[[], Any]) -> Any:
@@ -352,6 +378,11 @@ class Daemon:
             self.failures += 1
             log.error("gc.daemon.unit_failed", unit=unit.__name__, error=describe_error(exc))
             return None
+
+    def _due_slot(self) -> datetime | None:
+        return scheduler.due_slot(
+            self.trigger, self.clock(), self.settings.schedule.misfire_grace_seconds
+        )
 
     def _close_llm(self, llm: Any) -> None:
         if llm is not None:
