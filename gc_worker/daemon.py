@@ -376,6 +376,7 @@ class Daemon:
             return unit()
         except Exception as exc:
             self.failures += 1
+            self.metrics.unit_failures.labels(unit.__name__).inc()
             log.error("gc.daemon.unit_failed", unit=unit.__name__, error=describe_error(exc))
             return None
 
