@@ -2,8 +2,13 @@
 
 Threads: an APScheduler 3 ``BackgroundScheduler`` runs the ``nightly`` cron job (coalesce,
 max_instances=1, misfire grace from config; it also fires once at start-up to catch up a slot
-missed within the grace) and an ``upkeep`` interval job (apply due plans, resume orphaned
-nightly runs). The main thread waits on LISTEN/NOTIFY or ``poll_seconds`` and serves sweeps.
+missed within the grace) and an ``upkeep`` interval job (run a due slot that has no run yet,
+apply due plans, resume orphaned nightly runs). The main thread waits on LISTEN/NOTIFY or
+``poll_seconds`` and serves sweeps.
+
+A firing is not the only chance of a slot: one that failed (the database was unreachable) is
+run by the next upkeep, one skipped because this daemon's previous nightly run was still going
+is run when that run ends; either way within the grace, and once (the slot is unique).
 
 Any number of daemons share one database: a slot's run is created once (unique
 ``gc_runs.slot``) and joined by the others; batches are claimed with session-level advisory
@@ -81,6 +86,7 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self._llm_factory = llm_factory or (lambda: None)
         self._stop = threading.Event()
+        self._nightly = threading.Lock()  # one nightly run at a time (cron job or upkeep)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self.failures = 0
@@ -106,8 +112,8 @@ class Daemon:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Healthy while the sweep loop turns; while it works a sweep (which may take minutes
-        of LLM calls), while batches keep committing or model requests keep completing
-        (``BUSY_LIMIT_SECONDS`` apart at most)."""
+        of LLM calls), while batches keep committing, model requests keep completing or the
+        sweep keeps turning (see ``work``), ``BUSY_LIMIT_SECONDS`` apart at most."""
         now = time.monotonic()
         age = now - self.last_loop
         if self.sweeping:
@@ -128,15 +134,32 @@ class Daemon:
     # -- units of work -------------------------------------------------------------------
 
     def nightly(self) -> UUID | None:
-        """Start or join the run of the slot due now (within the grace); None if none is due."""
-        fire = scheduler.due_slot(
-            self.trigger, self.clock(), self.settings.schedule.misfire_grace_seconds
-        )
-        if fire is None:
+        """Start or join the run of the slot due now (within the grace), then of any slot that
+        came due while it ran; the last run worked, or None if no slot is due or this daemon's
+        nightly work is under way in another thread (which takes the new slot when it ends)."""
+        if not self._nightly.acquire(blocking=False):
             return None
-        run_id, _ = scheduler.nightly_run(self.engine, self.settings, fire)
-        self.work(run_id)
-        return run_id
+        try:
+            worked, done = None, None
+            while not self.stopping():
+                fire = self._due_slot()
+                if fire is None or fire == done:
+                    break
+                worked, _ = scheduler.nightly_run(self.engine, self.settings, fire)
+                self.work(worked)
+                done = fire
+            return worked
+        finally:
+            self._nightly.release()
+
+    def catch_up_slot(self) -> UUID | None:
+        """Run the slot due now if it has no run yet (its firing failed before the run was
+        created: the database was unreachable, say). A slot whose run failed is not run again."""
+        fire = self._due_slot()
+        if fire is None or scheduler.run_of_slot(self.engine, scheduler.slot_key(fire)) is not None:
+            return None
+        log.info("gc.schedule.catching_up", slot=scheduler.slot_key(fire))
+        return self.nightly()
 
     def apply_due_plans(self) -> list[UUID]:
         """plan_then_apply: apply every nightly plan whose review delay is over (not rejected)."""
@@ -177,7 +200,9 @@ class Daemon:
         return True
 
     def upkeep(self) -> None:
-        """The interval job: apply due plans, resume orphaned runs."""
+        """The interval job: run a due slot that has no run (a slot has a deadline, the grace),
+        apply due plans, resume orphaned runs."""
+        self.attempt(self.catch_up_slot)
         self.attempt(self.apply_due_plans)
         self.attempt(self.resume_orphans)
 
@@ -203,7 +228,7 @@ class Daemon:
                 self.last_loop = time.monotonic()
                 while not self.stopping() and self._sweep_step():
                     self.last_loop = time.monotonic()
-                self.attempt(self._poll_queue_gauge)
+                self.attempt(self.count_pending_sweeps)
                 listener.wait(self.settings.schedule.poll_seconds)
         finally:
             background.shutdown(wait=True)
@@ -219,7 +244,10 @@ class Daemon:
 
     def work(self, run_id: UUID, *, on_progress: Callable[[], None] | None = None) -> bool:
         """Take part in a run until it has no pending batch (or we stop); True if completed.
-        ``on_progress`` is called after every committed batch and every model request."""
+        ``on_progress`` is called after every committed batch and every model request, and
+        each time the run asks whether to stop: between batches, between the users of a plan,
+        and every second it waits for a user another worker's batch holds (that worker is
+        alive: a dead one's session, and its locks, would be gone)."""
         with participating(self.engine, run_id):
             with self.engine.connect() as conn:
                 run = load_run(conn, run_id)
@@ -230,8 +258,8 @@ class Daemon:
                 llm.on_request_done = on_progress
             try:
                 done = process_run(
-                    self.engine, run_id, settings_of(run), llm=llm, should_stop=self.stopping,
-                    participate=False,
+                    self.engine, run_id, settings_of(run), llm=llm,
+                    should_stop=self._stop_check(on_progress), participate=False,
                     on_batch=lambda _: self._batch_committed(run_id, run["trigger"], on_progress),
                 )  # fmt: skip
             except Exception:
@@ -252,6 +280,16 @@ class Daemon:
             on_progress()
         self.metrics.batches_committed(self.engine, run_id, trigger)
 
+    def _stop_check(self, on_progress: Callable[[], None] | None) -> Callable[[], bool]:
+        if on_progress is None:
+            return self.stopping
+
+        def should_stop() -> bool:  # asked means turning: the unit is alive
+            on_progress()
+            return self.stopping()
+
+        return should_stop
+
     def _sweep_progressed(self) -> None:
         """The sweep loop's unit of work moved on (what /healthz follows while it is inside
         one; the nightly and upkeep threads' runs do not count: they cannot vouch for it)."""
@@ -259,11 +297,19 @@ class Daemon:
 
     def _serve_sweep(self, claim: sweeps.SweepClaim) -> None:
         if claim.attempts > sweeps.MAX_ATTEMPTS:
-            self._sweep_failed(claim.id, f"gave up after {sweeps.MAX_ATTEMPTS} attempts")
+            self._give_up(claim)
             return
+        lease = sweeps.Lease(
+            self.engine, claim.id, worker=WORKER_ID, seconds=self.settings.run.lease_seconds
+        )
+
+        def progressed() -> None:  # a sign of life for /healthz and for the other replicas
+            self._sweep_progressed()
+            lease.renew()
+
         try:
             run_id = self._sweep_run(claim)
-            done = self.work(run_id, on_progress=self._sweep_progressed)
+            done = self.work(run_id, on_progress=progressed)
         except NotFoundError as exc:
             self._sweep_failed(claim.id, str(exc))
             return
@@ -273,11 +319,13 @@ class Daemon:
         with self.engine.connect() as conn:
             status = load_run(conn, run_id)["status"]
         if done or status == "completed":
-            sweeps.finish_sweep(self.engine, claim.id)
-            self.metrics.sweeps.labels("done").inc()
+            if sweeps.finish_sweep(self.engine, claim.id, worker=WORKER_ID):
+                self.metrics.sweeps.labels("done").inc()
         elif self.stopping():
             sweeps.release_sweep(self.engine, claim.id, worker=WORKER_ID)
-        # else: the daemon that first claimed it is still working its run and will close it
+        # else: another worker still holds the run's last batch (say a holder whose lease ran out
+        # before it joined the run); once the lease runs out, the next claimer finds the run
+        # completed and closes the request
 
     def _sweep_run(self, claim: sweeps.SweepClaim) -> UUID:
         if claim.run_id is not None:
@@ -293,8 +341,17 @@ class Daemon:
         return run_id
 
     def _sweep_failed(self, request_id: int, error: str) -> None:
-        sweeps.finish_sweep(self.engine, request_id, error=error)
-        self.metrics.sweeps.labels("failed").inc()
+        if sweeps.finish_sweep(self.engine, request_id, worker=WORKER_ID, error=error):
+            self.metrics.sweeps.labels("failed").inc()
+
+    def _give_up(self, claim: sweeps.SweepClaim) -> None:
+        """Its daemons died MAX_ATTEMPTS times: fail the request, and the run they left."""
+        error = f"gave up after {sweeps.MAX_ATTEMPTS} attempts"
+        self._sweep_failed(claim.id, error)
+        if claim.run_id is not None and sweeps.fail_abandoned_run(
+            self.engine, claim.run_id, error=f"sweep request {claim.id} {error}"
+        ):
+            self.metrics.run_finished(self.engine, claim.run_id)
 
     def _orphaned_runs(self) -> list[UUID]:
         with self.engine.connect() as conn:
@@ -309,7 +366,8 @@ class Daemon:
             conn.commit()
         return orphans
 
-    def _poll_queue_gauge(self) -> None:
+    def count_pending_sweeps(self) -> None:
+        """The queue-length gauge."""
         self.metrics.sweep_queue.set(sweeps.pending_count(self.engine))
 
     def attempt(self, unit: Callable[[], Any]) -> Any:
@@ -318,8 +376,14 @@ class Daemon:
             return unit()
         except Exception as exc:
             self.failures += 1
+            self.metrics.unit_failures.labels(unit.__name__).inc()
             log.error("gc.daemon.unit_failed", unit=unit.__name__, error=describe_error(exc))
             return None
+
+    def _due_slot(self) -> datetime | None:
+        return scheduler.due_slot(
+            self.trigger, self.clock(), self.settings.schedule.misfire_grace_seconds
+        )
 
     def _close_llm(self, llm: Any) -> None:
         if llm is not None:

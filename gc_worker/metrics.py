@@ -11,6 +11,8 @@ Metrics (one registry per daemon; all counters are this replica's, sum them acro
     memory_gc_llm_errors_total{kind}                error (after retries) / invalid_answer
     memory_gc_sweep_requests_total{status}          on-demand sweeps finished (done / failed)
     memory_gc_sweep_requests_pending                queue length at the last poll
+    memory_gc_unit_failures_total{unit}             units of work that failed (logged as
+                                                    gc.daemon.unit_failed; the daemon carries on)
 
 Counters move after the batch's transaction committed, never before.
 """
@@ -79,6 +81,9 @@ class Metrics:
             "memory_gc_sweep_requests", "On-demand sweeps finished", ["status"], registry=r
         )
         self.sweep_queue = Gauge("memory_gc_sweep_requests_pending", "Sweeps waiting", registry=r)
+        self.unit_failures = Counter(
+            "memory_gc_unit_failures", "Units of work that failed", ["unit"], registry=r
+        )
         self._seen: dict[UUID, set[int]] = {}
         self._lock = threading.Lock()
 

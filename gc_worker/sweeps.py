@@ -9,15 +9,18 @@ names the run, whose report is ``memory-gc report RUN_ID``). A trigger sends
 ``NOTIFY memory_gc_sweep``; daemons LISTEN and also poll every ``schedule.poll_seconds``.
 
 A daemon claims the oldest pending request with ``FOR UPDATE SKIP LOCKED``. A claim is a lease of
-``run.lease_seconds``: a request still ``running`` after that (its daemon died) is claimed again
-and the new claimer joins the request's run instead of starting another. A stopping daemon hands
-its request back (``pending``) at once.
+``run.lease_seconds``, renewed whenever the sweep moves (``Lease``): a request still ``running``
+after that whose run no daemon takes part in (its daemon died) is claimed again, and the new
+claimer joins the request's run instead of starting another. A live daemon is never taken over,
+however long its sweep, and only the holder closes a request. A stopping daemon hands its
+request back (``pending``) at once.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import time
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -26,7 +29,7 @@ import psycopg
 import structlog
 from sqlalchemy.engine import Engine
 
-from gc_worker.db import transaction
+from gc_worker.db import describe_error, transaction
 from gc_worker.errors import NotFoundError
 from gc_worker.queries import q
 
@@ -71,13 +74,59 @@ def attach_run(engine: Engine, request_id: int, run_id: UUID) -> None:
         conn.execute(q("attach_sweep_run"), {"id": request_id, "run_id": run_id})
 
 
-def finish_sweep(engine: Engine, request_id: int, *, error: str | None = None) -> None:
+def finish_sweep(engine: Engine, request_id: int, *, worker: str, error: str | None = None) -> bool:
+    """Close a request ``worker`` holds as done (or failed with ``error``); False if it does
+    not hold it any more (taken over: the new holder closes it)."""
     status = "failed" if error else "done"
+    params = {"id": request_id, "status": status, "error": error, "worker": worker}
     with transaction(engine) as conn:
-        conn.execute(
-            q("finish_sweep_request"), {"id": request_id, "status": status, "error": error}
-        )
-    log.info("gc.sweep.finished", request_id=request_id, status=status, error=error)
+        finished = conn.execute(q("finish_sweep_request"), params).rowcount > 0
+    if finished:
+        log.info("gc.sweep.finished", request_id=request_id, status=status, error=error)
+    else:
+        log.info("gc.sweep.not_held", request_id=request_id, status=status)
+    return finished
+
+
+class Lease:
+    """The lease of a claimed request, renewed (``claimed_at``) each time ``renew`` is called as
+    its sweep moves, at most every tenth of the lease; a renewal that fails is only logged (the
+    run's participation lock still shows the daemon alive)."""
+
+    def __init__(self, engine: Engine, request_id: int, *, worker: str, seconds: float) -> None:
+        self._engine, self._params = engine, {"id": request_id, "worker": worker}
+        self._every = seconds / 10
+        self._renewed = time.monotonic()  # the claim itself
+
+    def renew(self) -> None:
+        if time.monotonic() - self._renewed < self._every:
+            return
+        self._renewed = time.monotonic()
+        try:
+            with transaction(self._engine) as conn:
+                conn.execute(q("renew_sweep_request"), self._params)
+        except Exception as exc:
+            log.warning("gc.sweep.renew_failed", request_id=self._params["id"],
+                        error=describe_error(exc))  # fmt: skip
+
+
+def fail_abandoned_run(engine: Engine, run_id: UUID, *, error: str) -> bool:
+    """Fail the run of a request given up after MAX_ATTEMPTS, unless a worker still takes part
+    in it: nothing resumes a sweep run, so it would stay ``running`` for ever. True if failed."""
+    with engine.connect() as conn:
+        if not conn.execute(q("try_run_exclusive"), {"run_id": run_id}).scalar():
+            conn.commit()
+            return False
+        try:
+            failed = conn.execute(q("fail_run"), {"run_id": run_id, "error": error}).rowcount > 0
+            conn.commit()
+        finally:
+            conn.rollback()  # a no-op, or after a failed statement lets the unlock run
+            conn.execute(q("unlock_run_exclusive"), {"run_id": run_id})
+            conn.commit()
+    if failed:
+        log.info("gc.sweep.run_failed", run_id=str(run_id), error=error)
+    return failed
 
 
 def release_sweep(engine: Engine, request_id: int, *, worker: str) -> None:

@@ -90,3 +90,11 @@ def empty_database_url(pg_server) -> Iterator[str]:
     pg_server.psql(f"CREATE DATABASE {name};")
     yield pg_server.get_uri(name, driver="psycopg")
     pg_server.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE);")
+
+
+@pytest.fixture
+def unreachable_engine() -> Iterator[sa.Engine]:
+    """An engine whose every connection fails at once, like a database that is down."""
+    eng = sa.create_engine("postgresql+psycopg://memory-gc@/memory_gc?host=/nonexistent-memory-gc")
+    yield eng
+    eng.dispose()

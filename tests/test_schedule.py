@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
+import jobs.ttl_expiry as ttl
 from gc_worker import cli, scheduler
 from gc_worker import engine as gc_engine
 from gc_worker.config import RunSettings, ScheduleSettings, Settings, load_settings
@@ -288,6 +289,85 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
+
+
+class TestLostFiring:
+    """A slot whose firing failed or was skipped still runs, once, within the grace."""
+
+    def test_slot_missed_while_the_database_was_down_runs_at_the_next_upkeep(
+        self, engine, settings, make_daemon, unreachable_engine
+    ):
+        """The fire-time attempt fails (database unreachable); the next upkeep runs the slot."""
+        seed(engine)
+        daemon = make_daemon(settings, SLOT + timedelta(seconds=10))
+        daemon.engine = unreachable_engine
+        try:
+            assert daemon.attempt(daemon.nightly) is None and daemon.failures == 1
+        finally:
+            daemon.engine = engine
+        assert runs(engine) == []
+        daemon.upkeep()
+        assert [(r["slot"], r["status"]) for r in runs(engine)] == [
+            (scheduler.slot_key(SLOT), "completed")
+        ]
+        assert active_expired(engine) == 0
+
+    @pytest.mark.parametrize(("late", "ran"), [(GRACE - 1, True), (GRACE + 1, False)])
+    def test_upkeep_runs_a_slot_without_a_run_only_within_the_grace(
+        self, engine, settings, make_daemon, late, ran
+    ):
+        """A slot with no run is run by the upkeep 59:59 after its fire time, not 60:01."""
+        seed(engine, users=1)
+        make_daemon(settings, SLOT + timedelta(seconds=late)).upkeep()
+        assert [r["slot"] for r in runs(engine)] == ([scheduler.slot_key(SLOT)] if ran else [])
+
+    def test_upkeep_does_not_rerun_a_failed_slot(self, engine, settings, make_daemon):
+        """A slot whose run failed is not run again (the next night runs; or run it by hand)."""
+        seed(engine, users=1)
+        execute(
+            engine,
+            "INSERT INTO gc_runs (id, mode, trigger, now, jobs, slot, status)"
+            " VALUES (:id, 'apply', 'nightly', :now, '{}', :slot, 'failed')",
+            id=gc_engine.uuid4(), now=SLOT, slot=scheduler.slot_key(SLOT),
+        )  # fmt: skip
+        make_daemon(settings, SLOT + timedelta(minutes=1)).upkeep()
+        assert [r["status"] for r in runs(engine)] == ["failed"]
+        assert active_expired(engine) == 1
+
+    def test_slot_due_during_a_long_run_runs_after_it(self, engine, settings, monkeypatch):
+        """A run still going at the next fire time (APScheduler skips that firing: one instance
+        at a time) is followed by the slot that came due meanwhile; the upkeep leaves that slot
+        to the busy nightly work instead of starting a second nightly run beside it."""
+        seed(engine, users=1)
+        nxt = SLOT + timedelta(days=1)
+        clock = {"now": SLOT + timedelta(minutes=1)}
+        daemon = Daemon(engine, settings, clock=lambda: clock["now"])
+        real, seen_by_upkeep = ttl.plan, []
+
+        def plan(ctx):  # the first slot's run outlasts the next fire time
+            if clock["now"] < nxt:
+                clock["now"] = nxt + timedelta(minutes=1)
+                upkeep = threading.Thread(target=daemon.upkeep)
+                upkeep.start()
+                upkeep.join(30)
+                seen_by_upkeep.append(len(runs(engine)))
+            return real(ctx)
+
+        monkeypatch.setattr(ttl, "plan", plan)
+        try:
+            daemon.nightly()
+        finally:
+            daemon.close()
+        assert seen_by_upkeep == [1]
+        assert [(r["slot"], r["status"]) for r in runs(engine)] == [
+            (scheduler.slot_key(SLOT), "completed"),
+            (scheduler.slot_key(nxt), "completed"),
+        ]
+
+
+def active_expired(engine: sa.Engine) -> int:
+    return execute(engine, "SELECT count(*) FROM memories WHERE content = 'expired'"
+                   " AND status = 'active'").scalar()  # fmt: skip
 
 
 class TestPlanThenApply:

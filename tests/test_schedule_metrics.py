@@ -161,6 +161,22 @@ class TestMetricsEndpoint:
         assert sample(metrics, "memory_gc_runs_total", trigger="sweep", mode="apply",
                       status="completed") == 1  # fmt: skip
 
+    def test_failed_units_are_counted(self, engine, endpoint, unreachable_engine):
+        """A unit of work that fails (here: the database is down at the fire time and for the
+        upkeep) is counted per unit; the daemon carries on."""
+        daemon, url = endpoint
+        daemon.engine = unreachable_engine
+        try:
+            daemon.attempt(daemon.nightly)
+            daemon.upkeep()
+        finally:
+            daemon.engine = engine
+        metrics = scrape(url + "/metrics")
+        failures = "memory_gc_unit_failures_total"
+        for unit in ("nightly", "catch_up_slot", "apply_due_plans", "resume_orphans"):
+            assert sample(metrics, failures, unit=unit) == 1, unit
+        assert daemon.failures == 4
+
 
 class TestHealth:
     def test_healthy_until_stopping(self, endpoint):

@@ -10,9 +10,12 @@ from datetime import UTC, datetime
 import pytest
 import sqlalchemy as sa
 
-from gc_worker import cli, sweeps
-from gc_worker.config import ScheduleSettings, Settings
-from gc_worker.daemon import Daemon, listen_dsn
+import jobs.ttl_expiry as ttl
+from gc_worker import cli, db, sweeps
+from gc_worker.batch_run import WORKER_ID
+from gc_worker.claims import participating
+from gc_worker.config import RunSettings, ScheduleSettings, Settings
+from gc_worker.daemon import BUSY_LIMIT_SECONDS, Daemon, listen_dsn
 from gc_worker.errors import NotFoundError
 from gc_worker.queries import q
 from tests.store import NOW, add, days_ago, execute, status
@@ -161,6 +164,90 @@ class TestLease:
         row = request_row(engine, request_id)
         assert row["status"] == "failed" and "gave up after 3 attempts" in row["error"]
 
+    def test_claim_past_the_lease_of_a_live_daemon_is_left_alone(self, engine, daemon):
+        """A claim past its lease whose run a daemon still takes part in (its participation
+        lock) is not taken over; once nobody holds the run, it is."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        claim = self.claim_and_die(engine, 301)
+        run_id = daemon._sweep_run(claim)
+        with participating(engine, run_id):  # its daemon is alive, working the run
+            assert daemon.sweep_next() is False
+            row = request_row(engine, request_id)
+            assert (row["status"], row["claimed_by"], row["attempts"]) == ("running", "dead:1", 1)
+        assert daemon.sweep_next() is True
+        row = request_row(engine, request_id)
+        assert (row["status"], row["attempts"], row["run_id"]) == ("done", 2, run_id)
+
+    def test_only_the_holder_finishes_a_request(self, engine):
+        """A daemon whose claim was taken over cannot close the request; its new holder can."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        self.claim_and_die(engine, 301)
+        assert sweeps.claim_sweep(engine, worker="next:2", lease_seconds=300) is not None
+        assert sweeps.finish_sweep(engine, request_id, worker="dead:1") is False
+        row = request_row(engine, request_id)
+        assert (row["status"], row["claimed_by"]) == ("running", "next:2")
+        assert sweeps.finish_sweep(engine, request_id, worker="next:2") is True
+        assert request_row(engine, request_id)["status"] == "done"
+
+    def test_given_up_request_fails_its_run(self, engine, daemon):
+        """A request given up after MAX_ATTEMPTS fails the run its dead daemons left running
+        (a sweep run is never resumed otherwise)."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        run_id = daemon._sweep_run(self.claim_and_die(engine, 301))  # the first daemon's run
+        for _ in range(sweeps.MAX_ATTEMPTS - 1):
+            self.claim_and_die(engine, 301)
+        assert daemon.sweep_next() is True
+        row = request_row(engine, request_id)
+        assert row["status"] == "failed" and row["run_id"] == run_id
+        run = execute(engine, "SELECT status, error FROM gc_runs WHERE id = :r", r=run_id).one()
+        assert run.status == "failed" and f"sweep request {request_id} gave up" in run.error
+
+    def test_given_up_request_leaves_a_run_someone_works(self, engine, daemon):
+        """A run a daemon still takes part in is not failed by a give-up."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        run_id = daemon._sweep_run(self.claim_and_die(engine, 301))
+        for _ in range(sweeps.MAX_ATTEMPTS - 1):
+            self.claim_and_die(engine, 301)
+        claim = sweeps.claim_sweep(engine, worker=WORKER_ID, lease_seconds=300)
+        assert claim is not None and claim.attempts > sweeps.MAX_ATTEMPTS
+        with participating(engine, run_id):
+            daemon._serve_sweep(claim)
+        assert request_row(engine, request_id)["status"] == "failed"
+        assert execute(engine, "SELECT status FROM gc_runs WHERE id = :r", r=run_id).scalar() == (
+            "running"
+        )
+
+    def test_a_waiting_sweep_renews_its_claim(self, engine, settings):
+        """While its sweep moves (here: waits, second by second, for a user another batch
+        holds) a daemon renews its claim's claimed_at."""
+        short = settings.model_copy(update={"run": RunSettings(lease_seconds=10)})
+        daemon = Daemon(engine, short, clock=lambda: NOW)
+        alice = expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        age = "SELECT clock_timestamp() - claimed_at FROM gc_sweep_requests WHERE id = :id"
+        with engine.connect() as other_batch:
+            other_batch.execute(q("lock_batch_users"), {"users": ["alice"]})
+            other_batch.commit()
+            thread = threading.Thread(target=daemon.sweep_next)
+            thread.start()
+            try:
+                assert wait_for(lambda: request_row(engine, request_id)["run_id"] is not None, 10)
+                execute(engine, "UPDATE gc_sweep_requests SET claimed_at = claimed_at"
+                        " - interval '1 hour' WHERE id = :id", id=request_id)  # fmt: skip
+                renewed = wait_for(
+                    lambda: execute(engine, age, id=request_id).scalar().total_seconds() < 60, 10
+                )
+                assert renewed and thread.is_alive() and status(engine, alice) == "active"
+            finally:
+                other_batch.execute(q("unlock_claim"))
+                thread.join(10)
+                daemon.close()
+        assert request_row(engine, request_id)["status"] == "done"
+
     def test_stopping_daemon_hands_the_request_back(self, engine, daemon):
         """A daemon told to stop before its sweep's batch releases the request as pending."""
         expired(engine, "alice")
@@ -170,6 +257,46 @@ class TestLease:
         row = request_row(engine, request_id)
         assert (row["status"], row["claimed_by"], row["attempts"]) == ("pending", None, 0)
         assert row["run_id"] is not None  # the next daemon joins this run
+
+
+class TestLongSweep:
+    def test_long_sweep_is_not_taken_over_while_it_runs(
+        self, engine, database_url, settings, monkeypatch
+    ):
+        """A sweep that outlasts three leases while other replicas poll the queue is left to
+        its live daemon, which closes it done (the review's reproduction)."""
+        alice = expired(engine, "alice")
+        real, release, planning = ttl.plan, threading.Event(), threading.Event()
+
+        def slow_plan(ctx):  # a sweep with many model calls: minutes
+            planning.set()
+            assert release.wait(30)
+            return real(ctx)
+
+        monkeypatch.setattr(ttl, "plan", slow_plan)
+        other = db.make_engine(database_url)
+        a = Daemon(engine, settings, clock=lambda: NOW)
+        b = Daemon(other, settings, clock=lambda: NOW)
+        request_id = sweeps.request_sweep(engine, "alice")
+        thread = threading.Thread(target=a.sweep_next)
+        thread.start()
+        try:
+            assert planning.wait(10)
+            for _ in range(sweeps.MAX_ATTEMPTS):  # three leases pass
+                execute(engine, "UPDATE gc_sweep_requests SET claimed_at = claimed_at"
+                        " - interval '301 seconds' WHERE id = :id", id=request_id)  # fmt: skip
+                assert b.sweep_next() is False
+        finally:
+            release.set()
+            thread.join(30)
+            other.dispose()
+            a.close(), b.close()
+        row = request_row(engine, request_id)
+        run = execute(engine, "SELECT status FROM gc_runs WHERE id = :r", r=row["run_id"]).scalar()
+        assert (row["status"], row["attempts"], run) == ("done", 1, "completed")
+        assert status(engine, alice) == "deleted"
+        assert a.metrics.sweeps.labels("done")._value.get() == 1
+        assert b.metrics.sweeps.labels("failed")._value.get() == 0
 
 
 class TestPickUp:
@@ -233,6 +360,28 @@ class TestOneBatchPerUser:
             assert thread.is_alive() and status(engine, alice) == "active"
             other_batch.execute(q("unlock_claim"))
         thread.join(10)
+        assert request_row(engine, request_id)["status"] == "done"
+
+    def test_waiting_for_a_held_user_keeps_the_daemon_healthy(self, engine, daemon):
+        """Each second a sweep waits for a user another live worker's batch holds counts as
+        progress: /healthz stays 200 however long that batch takes (BUSY_LIMIT_SECONDS)."""
+        alice = expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        with engine.connect() as other_batch:
+            other_batch.execute(q("lock_batch_users"), {"users": ["alice"]})
+            other_batch.commit()
+            thread = threading.Thread(target=daemon._sweep_step)  # the sweep loop's unit
+            thread.start()
+            try:
+                assert wait_for(lambda: request_row(engine, request_id)["run_id"] is not None, 10)
+                for _ in range(2):  # the second time, only the wait itself can show progress
+                    stale = time.monotonic() - BUSY_LIMIT_SECONDS - 1
+                    daemon.last_loop = daemon.last_progress = stale
+                    assert wait_for(lambda: daemon.health()[0], 10), daemon.health()
+                    assert thread.is_alive() and status(engine, alice) == "active"
+            finally:
+                other_batch.execute(q("unlock_claim"))
+                thread.join(10)
         assert request_row(engine, request_id)["status"] == "done"
 
 

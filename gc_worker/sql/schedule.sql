@@ -143,15 +143,22 @@ VALUES (:user_id, :dry_run, :requested_by)
 RETURNING id
 
 -- claim_sweep_request --
--- Take the oldest pending request, or one whose claim outlived the lease (its daemon died);
--- a request another daemon is claiming right now is skipped.
+-- Take the oldest pending request, or one whose claim outlived the lease and whose run no
+-- daemon takes part in (its daemon died: a live one holds the run's lock_run_shared, read
+-- here without taking anything); a request another daemon is claiming right now is skipped.
 UPDATE gc_sweep_requests r
 SET status = 'running', claimed_at = clock_timestamp(), claimed_by = :worker,
     attempts = r.attempts + 1
 WHERE r.id = (
-    SELECT id FROM gc_sweep_requests
+    SELECT id FROM gc_sweep_requests s
     WHERE status = 'pending'
-       OR (status = 'running' AND claimed_at < clock_timestamp() - make_interval(secs => :lease))
+       OR (status = 'running' AND claimed_at < clock_timestamp() - make_interval(secs => :lease)
+           AND NOT EXISTS (
+               SELECT FROM pg_locks l
+               WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 AND l.classid = 4242002
+                 AND l.objid = CAST(hashtext(CAST(s.run_id AS text)) AS oid)))
     ORDER BY requested_at, id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -163,10 +170,16 @@ RETURNING r.id, r.user_id, r.dry_run, r.run_id, r.attempts
 UPDATE gc_sweep_requests SET run_id = :run_id WHERE id = :id
 
 -- finish_sweep_request --
--- Close a request as done or failed.
+-- Close a request as done or failed: only its holder does (a daemon whose claim was taken
+-- over leaves it to the new holder).
 UPDATE gc_sweep_requests
 SET status = :status, finished_at = clock_timestamp(), error = :error
-WHERE id = :id AND status = 'running'
+WHERE id = :id AND status = 'running' AND claimed_by = :worker
+
+-- renew_sweep_request --
+-- The holder's sweep moved on: its lease starts again.
+UPDATE gc_sweep_requests SET claimed_at = clock_timestamp()
+WHERE id = :id AND status = 'running' AND claimed_by = :worker
 
 -- release_sweep_request --
 -- Hand a request back to the queue (this daemon is stopping); its run, if any, is kept.
