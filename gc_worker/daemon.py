@@ -165,6 +165,7 @@ class Daemon:
         """plan_then_apply: apply every nightly plan whose review delay is over (not rejected)."""
         applied = []
         delay = self.settings.schedule.apply_delay_minutes
+        scheduler.reject_stale_plans(self.engine, self.settings.run.max_plan_age_hours)
         for plan_id in scheduler.due_plans(self.engine, self.clock(), delay):
             if self.stopping():
                 break

@@ -152,6 +152,18 @@ def apply_run_of(engine: Engine, plan_run_id: UUID) -> Iterator[UUID | None]:
         yield run_id
 
 
+def reject_stale_plans(engine: Engine, max_age_hours: float) -> list[UUID]:
+    """Reject the nightly plans not applied within ``max_age_hours`` of being made (the daemon
+    was down, say): `apply` would refuse them, so they are closed, not retried for ever."""
+    with transaction(engine) as conn:
+        rejected = list(
+            conn.execute(q("reject_stale_plans"), {"max_age_hours": max_age_hours}).scalars()
+        )
+    for run_id in rejected:
+        log.warning("gc.schedule.plan_too_old", run_id=str(run_id), max_age_hours=max_age_hours)
+    return rejected
+
+
 def reject_plan(engine: Engine, run_id: UUID, *, who: str = "cli") -> None:
     """Mark a completed, unapplied dry run rejected; it will never be applied."""
     with transaction(engine) as conn:

@@ -421,6 +421,19 @@ class TestPlanThenApply:
         assert make_daemon(review, finished + timedelta(days=1)).apply_due_plans() == []
         assert status(engine, expired) == "active" and runs(engine)[0]["status"] == "rejected"
 
+    def test_a_plan_not_applied_in_time_is_rejected_not_retried(
+        self, engine, review, make_daemon
+    ):
+        """The daemon was down past run.max_plan_age_hours: `apply` would refuse the plan
+        (its changes would carry its old instant), so the daemon closes it as rejected, saying
+        why, instead of trying it at every upkeep; its rows stay as they are."""
+        _, finished, expired = self.plan(engine, review, make_daemon)
+        execute(engine, "UPDATE gc_runs SET finished_at = finished_at - interval '73 hours'")
+        assert make_daemon(review, finished + timedelta(days=4)).apply_due_plans() == []
+        (plan,) = runs(engine)
+        assert plan["status"] == "rejected" and "max_plan_age_hours (72)" in plan["error"]
+        assert status(engine, expired) == "active"
+
     def test_two_replicas_apply_a_plan_once(self, engine, database_url, review, make_daemon):
         """Replicas that find the same due plan make one apply run between them."""
         _, finished, _ = self.plan(engine, review, make_daemon)

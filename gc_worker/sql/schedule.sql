@@ -114,6 +114,15 @@ WHERE slot IS NOT NULL AND mode = 'dry_run' AND status = 'completed' AND applied
   AND greatest(finished_at, now + (finished_at - started_at)) <= :cutoff
 ORDER BY finished_at
 
+-- reject_stale_plans --
+-- Nightly plans older than run.max_plan_age_hours that nobody applied: never to be applied.
+UPDATE gc_runs
+SET status = 'rejected',
+    error = 'not applied within run.max_plan_age_hours (' || :max_age_hours || ') of being made'
+WHERE slot IS NOT NULL AND mode = 'dry_run' AND status = 'completed' AND applied_by IS NULL
+  AND finished_at < clock_timestamp() - make_interval(secs => :max_age_hours * 3600)
+RETURNING id
+
 -- reject_plan --
 -- Reject a completed dry run that was not applied: it will never be applied.
 UPDATE gc_runs
