@@ -13,7 +13,7 @@ from typing import Any
 from gc_worker import engine as gc_engine
 from gc_worker import render, schema
 from gc_worker.cli import Context, parse_now, parse_uuid, positive_int, progress, write_reports
-from gc_worker.errors import UsageError
+from gc_worker.errors import RunFailed, UsageError
 from gc_worker.report import build_report
 
 # Subcommands that live with their capability (each module has ``register(sub)``).
@@ -91,8 +91,8 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
     )
     engine = ctx.engine()
     run_id = gc_engine.start_run(engine, ctx.settings, request)
-    _process(engine, run_id, ctx)
-    return _finish(engine, run_id, paths)
+    failed = _process(engine, run_id, ctx)
+    return _finish_or_fail(engine, run_id, paths, failed)
 
 
 def cmd_apply(args: argparse.Namespace, ctx: Context) -> int:
@@ -105,19 +105,36 @@ def cmd_apply(args: argparse.Namespace, ctx: Context) -> int:
     ) as run_id:
         with engine.connect() as conn:
             settings = gc_engine.settings_of(gc_engine.load_run(conn, run_id))
-        _process(engine, run_id, ctx, settings=settings)
-    return _finish(engine, run_id, args.report or [])
+        failed = _process(engine, run_id, ctx, settings=settings)
+    return _finish_or_fail(engine, run_id, args.report or [], failed)
 
 
-def _process(engine: Any, run_id: Any, ctx: Context, settings: Any = None) -> None:
+def _process(engine: Any, run_id: Any, ctx: Context, settings: Any = None) -> RunFailed | None:
+    """Work the run; a RunFailed that closed it (some batches failed, the others were done) is
+    returned, so that its summary and reports are still written before the command fails."""
     with engine.connect() as conn:
         total = conn.exec_driver_sql(
             "SELECT count(*) FROM gc_run_batches WHERE run_id = %(r)s", {"r": run_id}
         ).scalar_one()
     with progress(total) as bar:
-        gc_engine.process_run(
-            engine, run_id, settings or ctx.settings, llm=ctx.llm(), on_batch=bar.update
-        )
+        try:
+            gc_engine.process_run(
+                engine, run_id, settings or ctx.settings, llm=ctx.llm(), on_batch=bar.update
+            )
+        except RunFailed as exc:
+            with engine.connect() as conn:
+                if gc_engine.load_run(conn, run_id)["status"] != "failed":
+                    raise
+            return exc
+    return None
+
+
+def _finish_or_fail(engine: Any, run_id: Any, paths: list[Path], failed: RunFailed | None) -> int:
+    code = _finish(engine, run_id, paths)
+    if failed is not None:
+        print(f"memory-gc: error: {failed}", file=sys.stderr)
+        return 1
+    return code
 
 
 def _finish(engine: Any, run_id: Any, paths: list[Path]) -> int:

@@ -165,11 +165,12 @@ class Daemon:
         """plan_then_apply: apply every nightly plan whose review delay is over (not rejected)."""
         applied = []
         delay = self.settings.schedule.apply_delay_minutes
-        scheduler.reject_stale_plans(self.engine, self.settings.run.max_plan_age_hours)
+        max_age = self.settings.run.max_plan_age_hours  # this daemon's limit, as for the CLI
+        scheduler.reject_stale_plans(self.engine, max_age)
         for plan_id in scheduler.due_plans(self.engine, self.clock(), delay):
             if self.stopping():
                 break
-            with scheduler.apply_run_of(self.engine, plan_id) as apply_id:
+            with scheduler.apply_run_of(self.engine, plan_id, max_age_hours=max_age) as apply_id:
                 if apply_id is not None:
                     self.work(apply_id)
                     applied.append(apply_id)

@@ -22,7 +22,7 @@ from psycopg.types.array import ListBinaryDumper
 from sqlalchemy.engine import Connection, Engine
 
 from gc_worker.config import Runtime
-from gc_worker.errors import ConfigError, DatabaseUnavailable, WriteConflict
+from gc_worker.errors import ConfigError, DatabaseUnavailable, StatementFailed, WriteConflict
 
 EMBEDDED_DB = "memory_gc"
 APPLICATION_NAME = "memory-gc"
@@ -183,6 +183,11 @@ def translated_errors() -> Iterator[None]:
                 f"a concurrent writer conflicted with this transaction ({exc.orig.sqlstate}: "
                 f"{str(exc.orig).splitlines()[0]}); it was rolled back whole and is safe to retry"
             ) from None
+        if _is_statement_failure(exc.orig):
+            raise StatementFailed(
+                f"the server refused a statement and rolled the transaction back: "
+                f"{describe_error(exc)}"
+            ) from None
         raise DatabaseUnavailable(
             f"the database connection failed mid-transaction: {describe_error(exc)}"
         ) from None
@@ -203,6 +208,16 @@ def _is_conflict(error: BaseException | None) -> bool:
     transaction was rolled back because of another writer, and can simply be run again."""
     state = getattr(error, "sqlstate", None) or ""
     return state.startswith("40") or state == LOCK_NOT_AVAILABLE
+
+
+def _is_statement_failure(error: BaseException | None) -> bool:
+    """A failure of what the statement did, not of the connection: cancelled (57014, e.g.
+    statement_timeout on one heavy user), a program limit (class 54), out of memory or disk
+    (class 53, but too_many_connections 53300). Batch work isolates these to the batch."""
+    state = getattr(error, "sqlstate", None) or ""
+    return (
+        state == "57014" or state.startswith("54") or (state.startswith("53") and state != "53300")
+    )
 
 
 def retrying(attempts: int, work: Callable[[], T]) -> T:

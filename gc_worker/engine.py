@@ -129,7 +129,7 @@ def start_apply(
         _check_age(conn, plan, max_age_hours)
         if plan["mode"] == "dry_run" and plan["applied_by"] is not None:
             return _resume_apply(conn, plan, participate)
-        _check_plan(plan)
+        _check_plan(conn, plan)
         run_id = uuid4()
         if participate is not None:
             participate(run_id)
@@ -189,9 +189,16 @@ def _resume_apply(
     conn: Connection, plan: dict[str, Any], participate: Callable[[UUID], None] | None
 ) -> UUID:
     apply_id = plan["applied_by"]
-    status = load_run(conn, apply_id)["status"]
+    apply = load_run(conn, apply_id)
+    status = apply["status"]
     if status not in ("running", "failed"):
         raise UsageError(f"run {plan['id']} was already applied by run {apply_id}")
+    if status == "failed" and not _pending(conn, apply_id):
+        raise UsageError(
+            f"run {plan['id']} was applied by run {apply_id}, which ended failed: "
+            f"{apply['error']}. The failed batches' users were left as they were; make a new "
+            "plan for them (`memory-gc run --dry-run`)"
+        )
     if not conn.execute(q("try_run_exclusive"), {"run_id": apply_id}).scalar():
         raise UsageError(
             f"run {plan['id']} is being applied by run {apply_id} right now; see `memory-gc report`"
@@ -204,13 +211,21 @@ def _resume_apply(
     return apply_id
 
 
-def _check_plan(plan: dict[str, Any]) -> None:
+def _check_plan(conn: Connection, plan: dict[str, Any]) -> None:
+    """A completed dry run can be applied; so can one that failed only because some of its
+    batches failed (none pending: the others were planned, and are applied)."""
     if plan["mode"] != "dry_run":
         raise UsageError(f"run {plan['id']} is not a dry run; only a dry run's plan can be applied")
+    if plan["status"] == "failed" and not _pending(conn, plan["id"]):
+        return
     if plan["status"] != "completed":
         raise UsageError(
             f"run {plan['id']} is {plan['status']}; only a completed plan can be applied"
         )
+
+
+def _pending(conn: Connection, run_id: UUID) -> int:
+    return conn.execute(q("pending_batch_count"), {"run_id": run_id}).scalar_one()
 
 
 def load_run(conn: Connection, run_id: UUID) -> dict[str, Any]:
@@ -259,9 +274,10 @@ def _work_run(
         while not (should_stop and should_stop()):
             if not retrying(
                 BATCH_ATTEMPTS, lambda: process_next_batch(engine, run, settings, llm, should_stop)
-            ):  # no batch left to claim: the requests no batch visits (users without rows)
-                structlog.contextvars.unbind_contextvars("batch_no")
-                erasure.complete_rowless(engine, run)
+            ):  # no batch left to claim (or one given up at a stop)
+                if not (should_stop and should_stop()):  # the requests no batch visits
+                    structlog.contextvars.unbind_contextvars("batch_no")
+                    erasure.complete_rowless(engine, run)
                 break
             if on_batch:
                 on_batch(1)

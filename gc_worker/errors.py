@@ -44,6 +44,11 @@ class WriteConflict(DatabaseUnavailable):
     it was rolled back whole, so running the command again is safe."""
 
 
+class StatementFailed(MemoryGCError):
+    """The server refused one statement for what it was doing (cancelled by statement_timeout,
+    a program limit, out of memory); the transaction was rolled back, the connection is fine."""
+
+
 class PlanAbandoned(MemoryGCError):
     """A stop was asked for while a batch was planned before its transaction; nothing of the
     batch was written and it stays pending (the model's answers so far are cached)."""

@@ -139,16 +139,22 @@ def due_plans(engine: Engine, now: datetime, delay_minutes: float) -> list[UUID]
 
 
 @contextlib.contextmanager
-def apply_run_of(engine: Engine, plan_run_id: UUID) -> Iterator[UUID | None]:
+def apply_run_of(
+    engine: Engine, plan_run_id: UUID, *, max_age_hours: float | None = None
+) -> Iterator[UUID | None]:
     """For the block: the apply run of a due plan, started (or taken up) by this process, which
     participates in it from before its commit (``applying``); or the one another replica is
-    working, to join; None if the plan was rejected."""
+    working, to join; None if the plan was rejected or refused (logged)."""
     with contextlib.ExitStack() as held:
         try:
-            run_id = held.enter_context(applying(engine, plan_run_id, trigger=APPLY_TRIGGER))
-        except UsageError:
+            run_id = held.enter_context(
+                applying(engine, plan_run_id, trigger=APPLY_TRIGGER, max_age_hours=max_age_hours)
+            )
+        except UsageError as exc:
             with engine.connect() as conn:
                 run_id = load_run(conn, plan_run_id)["applied_by"]
+            if run_id is None:
+                log.warning("gc.schedule.plan_refused", run_id=str(plan_run_id), error=str(exc))
         yield run_id
 
 

@@ -421,9 +421,7 @@ class TestPlanThenApply:
         assert make_daemon(review, finished + timedelta(days=1)).apply_due_plans() == []
         assert status(engine, expired) == "active" and runs(engine)[0]["status"] == "rejected"
 
-    def test_a_plan_not_applied_in_time_is_rejected_not_retried(
-        self, engine, review, make_daemon
-    ):
+    def test_a_plan_not_applied_in_time_is_rejected_not_retried(self, engine, review, make_daemon):
         """The daemon was down past run.max_plan_age_hours: `apply` would refuse the plan
         (its changes would carry its old instant), so the daemon closes it as rejected, saying
         why, instead of trying it at every upkeep; its rows stay as they are."""

@@ -63,17 +63,22 @@ WHERE run_id = :run_id AND batch_no = :batch_no
 
 -- complete_run --
 -- Close a run once no batch is pending: completed, or failed if a batch failed (its error
--- names them; their users were left as they were and the next run takes them again).
-WITH failed AS (
-    SELECT count(*) AS n,
-           string_agg('batch ' || batch_no || ' (' || cardinality(users) || ' users): ' || error,
-                      '; ' ORDER BY batch_no) AS errors
+-- names the first five; their users were left as they were and the next run takes them).
+WITH lines AS (
+    SELECT batch_no, row_number() OVER (ORDER BY batch_no) AS rn,
+           'batch ' || batch_no || ' (' || cardinality(users) || ' users): ' || error AS line
     FROM gc_run_batches WHERE run_id = :run_id AND state = 'failed'
+), failed AS (
+    SELECT count(*) AS n,
+           string_agg(line, '; ' ORDER BY batch_no) FILTER (WHERE rn <= 5)
+           || CASE WHEN count(*) > 5 THEN '; …' ELSE '' END AS errors
+    FROM lines
 )
 UPDATE gc_runs
 SET status = CASE WHEN failed.n > 0 THEN 'failed' ELSE 'completed' END,
     error = CASE WHEN failed.n > 0
-                 THEN failed.n || ' batch(es) failed, the others were applied: ' || failed.errors
+                 THEN failed.n || ' batch(es) failed and were left as they were (the others '
+                      || 'were done): ' || failed.errors
             END,
     finished_at = clock_timestamp()
 FROM failed
@@ -92,12 +97,8 @@ WHERE id = :run_id AND status = 'running'
 SELECT id FROM gc_runs WHERE id = :run_id FOR UPDATE
 
 -- resume_run --
--- Take up a stopped run again (killed, or failed in a batch): its pending batches get worked,
--- and its failed ones again (asked for by hand: `apply` of the same plan).
-WITH retried AS (
-    UPDATE gc_run_batches SET state = 'pending', error = NULL, lost_claims = 0, finished_at = NULL
-    WHERE run_id = :run_id AND state = 'failed'
-)
+-- Take up a stopped run again (killed, or the database lost): its pending batches get worked.
+-- Failed batches stay failed (their users are the next run's).
 UPDATE gc_runs SET status = 'running', finished_at = NULL, error = NULL
 WHERE id = :run_id AND status IN ('running', 'failed')
 
@@ -106,15 +107,26 @@ WHERE id = :run_id AND status IN ('running', 'failed')
 SELECT * FROM gc_runs WHERE id = :run_id
 
 -- claim_plan --
--- Mark a completed dry run as being applied by a new run (at most once).
+-- Mark a completed dry run (or one failed only by failed batches: engine._check_plan) as being
+-- applied by a new run (at most once).
 UPDATE gc_runs SET applied_by = :apply_run_id
-WHERE id = :plan_run_id AND mode = 'dry_run' AND status = 'completed' AND applied_by IS NULL
+WHERE id = :plan_run_id AND mode = 'dry_run' AND status IN ('completed', 'failed')
+  AND applied_by IS NULL
 RETURNING id
 
 -- copy_batches --
--- An apply run walks the same user batches as its plan.
-INSERT INTO gc_run_batches (run_id, batch_no, users, work)
-SELECT :run_id, batch_no, users, work FROM gc_run_batches WHERE run_id = :plan_run_id
+-- An apply run walks the same user batches as its plan; a batch the plan failed to plan has
+-- nothing to apply and stays failed (its users were left as they were).
+INSERT INTO gc_run_batches (run_id, batch_no, users, work, state, error, finished_at)
+SELECT :run_id, batch_no, users, work,
+       CASE WHEN state = 'failed' THEN 'failed' ELSE 'pending' END,
+       CASE WHEN state = 'failed' THEN 'not planned: ' || error END,
+       CASE WHEN state = 'failed' THEN clock_timestamp() END
+FROM gc_run_batches WHERE run_id = :plan_run_id
+
+-- pending_batch_count --
+-- How many of a run's batches are still pending.
+SELECT count(*) FROM gc_run_batches WHERE run_id = :run_id AND state = 'pending'
 
 -- planned_actions --
 -- The stored plan of one batch, in plan order.

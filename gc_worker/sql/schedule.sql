@@ -109,8 +109,12 @@ ORDER BY started_at
 -- finished_at is the server's clock; a daemon run with a clock ahead of it (--now in the
 -- future) measures the delay from the plan's end on its own clock (its `now` + its duration),
 -- so the review window is never skipped.
+-- A plan that ended failed only because some batches failed (none pending) applies the rest.
 SELECT id FROM gc_runs
-WHERE slot IS NOT NULL AND mode = 'dry_run' AND status = 'completed' AND applied_by IS NULL
+WHERE slot IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL
+  AND (status = 'completed'
+       OR (status = 'failed' AND NOT EXISTS (
+               SELECT 1 FROM gc_run_batches b WHERE b.run_id = gc_runs.id AND b.state = 'pending')))
   AND greatest(finished_at, now + (finished_at - started_at)) <= :cutoff
 ORDER BY finished_at
 
@@ -119,7 +123,10 @@ ORDER BY finished_at
 UPDATE gc_runs
 SET status = 'rejected',
     error = 'not applied within run.max_plan_age_hours (' || :max_age_hours || ') of being made'
-WHERE slot IS NOT NULL AND mode = 'dry_run' AND status = 'completed' AND applied_by IS NULL
+WHERE slot IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL
+  AND (status = 'completed'
+       OR (status = 'failed' AND NOT EXISTS (
+               SELECT 1 FROM gc_run_batches b WHERE b.run_id = gc_runs.id AND b.state = 'pending')))
   AND finished_at < clock_timestamp() - make_interval(secs => :max_age_hours * 3600)
 RETURNING id
 
@@ -127,7 +134,10 @@ RETURNING id
 -- Reject a completed dry run that was not applied: it will never be applied.
 UPDATE gc_runs
 SET status = 'rejected', error = coalesce(error, 'rejected by ' || :who)
-WHERE id = :run_id AND mode = 'dry_run' AND status = 'completed' AND applied_by IS NULL
+WHERE id = :run_id AND mode = 'dry_run' AND applied_by IS NULL
+  AND (status = 'completed'
+       OR (status = 'failed' AND NOT EXISTS (
+               SELECT 1 FROM gc_run_batches b WHERE b.run_id = :run_id AND b.state = 'pending')))
 RETURNING id
 
 -- run_outcome --
