@@ -164,7 +164,33 @@ def memories_problems(conn: Connection, embedding_dim: int) -> list[str]:
     ]
     if "id" in columns and not conn.execute(q("id_is_unique")).scalar():
         problems.append("id is not unique on its own: ALTER TABLE memories ADD PRIMARY KEY (id);")
-    return problems + _invalid_index_problems(conn)
+    return problems + _invalid_index_problems(conn) + _behaviour_problems(conn)
+
+
+def _behaviour_problems(conn: Connection) -> list[str]:
+    """What the application's own rules on memories would make the worker do wrong."""
+    problems = []
+    if conn.execute(q("row_security_hides_rows")).scalar():
+        problems.append(
+            "row-level security on memories can hide rows from this role, and the worker would "
+            "act on what it sees as if it were the whole store (e.g. complete a forget-me "
+            "request of a user whose rows it cannot see): run memory-gc as a role that bypasses "
+            "it (ALTER ROLE … BYPASSRLS, or the table's owner without FORCE ROW LEVEL SECURITY)"
+        )
+    problems += [
+        f"{row.tab}.{row.conname} references memories without ON DELETE CASCADE / SET NULL, so "
+        f"purging a memory it names would fail (every night, for that batch): ALTER TABLE "
+        f"{row.tab} DROP CONSTRAINT {row.conname}, ADD … ON DELETE CASCADE (or SET NULL);"
+        for row in conn.execute(q("keys_blocking_purge"))
+    ]
+    problems += [
+        f"trigger {name} fires BEFORE UPDATE of any column of memories: if it stamps "
+        f"updated_at, every score the worker writes would look like an edit and reset decay. "
+        f"Limit it to the application's columns (CREATE OR REPLACE TRIGGER {name} BEFORE "
+        f"UPDATE OF content, metadata, … ON memories …) or drop it"
+        for name in conn.execute(q("row_update_triggers")).scalars()
+    ]
+    return problems
 
 
 def lineage_problems(conn: Connection) -> list[str]:
@@ -182,6 +208,13 @@ def lineage_problems(conn: Connection) -> list[str]:
                 f"memory_lineage.{name} must be a uuid column (the id of a memory): "
                 f"ALTER TABLE memory_lineage ADD COLUMN {name} uuid; (or ALTER … TYPE uuid)"
             )
+    problems += [
+        f"memory_lineage.{col.name} is NOT NULL without a default, and memory-gc records "
+        f"lineage as (derived_id, source_id) only: ALTER TABLE memory_lineage ALTER COLUMN "
+        f"{col.name} SET DEFAULT …; (or DROP NOT NULL)"
+        for col in columns.values()
+        if col.name not in {name for name, _ in LINEAGE} and col.not_null and not col.filled
+    ]
     problems += [
         f"memory_lineage's foreign key {name} does not cascade deletes, so purging a memory "
         f"would fail: ALTER TABLE memory_lineage DROP CONSTRAINT {name}; (migrate adds one "

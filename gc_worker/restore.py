@@ -68,7 +68,8 @@ def _restore_run(engine: Engine, run_id: UUID, now: datetime | None) -> RestoreR
 def restore_memory(
     engine: Engine, memory_id: UUID, *, now: datetime | None = None
 ) -> RestoreResult:
-    """Undo the worker's latest change to one memory (a whole merge when it names a merge)."""
+    """Undo the worker's latest change to one memory (a whole merge or summary when it names
+    the record or one of its members)."""
     return retrying(ATTEMPTS, lambda: _restore_memory(engine, memory_id, now))
 
 
@@ -78,7 +79,8 @@ def _restore_memory(engine: Engine, memory_id: UUID, now: datetime | None) -> Re
         if latest is None:
             raise NotFoundError(f"the worker has no restorable change to memory {memory_id}")
         ids = [memory_id]
-        if latest.action == Kind.CREATE_MERGED and latest.grp:
+        if latest.grp:  # a merge or a summary, named by its record or by any of its members:
+            # undone whole (one member back next to the record would state the fact twice)
             members = conn.execute(q("group_members"), {"run_id": latest.run_id, "grp": latest.grp})
             ids = [row.memory_id for row in members]
         return _restore(conn, latest.run_id, ids, now=now)

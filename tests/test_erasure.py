@@ -384,3 +384,15 @@ class TestErasureRun:
         """Without requests or tombstones the job plans nothing."""
         add(engine, "u1")
         assert run(engine, settings, jobs=["erasure"])["actions"] == []
+
+
+def test_a_misfiled_memory_request_is_not_completed_while_the_memory_exists(engine, settings):
+    """A request naming a memory under a user id with no rows (an account alias: a misfiled
+    request) is left pending for the operator, not completed as "no rows left" while the
+    memory stays on the read path."""
+    kept = add(engine, "u1", "Takes insulin at 8am")
+    execute(engine, "INSERT INTO gc_erasure_requests (kind, user_id, memory_id)"
+                    " VALUES ('memory', 'u1-alias', :m)", m=kept)  # fmt: skip
+    run(engine, settings)
+    assert execute(engine, "SELECT status FROM gc_erasure_requests").scalar() == "pending"
+    assert status(engine, kept) == "active"

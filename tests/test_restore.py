@@ -202,3 +202,16 @@ class TestCreatedRecords:
         restore.restore_run(engine, UUID(ttl_run["run_id"]), now=NOW + timedelta(days=3))
         assert status(engine, record) == "active"
         assert [status(engine, m) for m in members] == ["merged", "merged"]
+
+
+def test_restore_memory_of_one_member_undoes_the_whole_merge(engine, settings):
+    """restore --memory naming one member of a merge undoes the merge whole: both members back,
+    the record retired (it used to bring back that member alone, next to the record stating
+    the same fact)."""
+    members = [
+        add(engine, "u1", "Has a dog", embedding=E0, created_at=days_ago(3)) for _ in range(2)
+    ]
+    report = run(engine, settings, jobs=["compaction"])
+    record = UUID(next(a["memory_id"] for a in report["actions"] if a["action"] == "create_merged"))
+    restore.restore_memory(engine, members[0], now=NOW + timedelta(days=1))
+    assert [status(engine, m) for m in [*members, record]] == ["active", "active", "deleted"]

@@ -41,3 +41,31 @@ SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
 WHERE NOT i.indisvalid AND c.relname = ANY(:names)
   AND i.indrelid IN (to_regclass('memories'), to_regclass('memory_lineage'))
 ORDER BY c.relname
+
+-- row_security_hides_rows --
+-- Whether row-level security could hide rows of memories from this role: a worker that sees
+-- some of a user's rows (or none) would act on a part of the store as if it were all of it.
+SELECT c.relrowsecurity
+       AND NOT (r.rolsuper OR r.rolbypassrls)
+       AND (c.relforcerowsecurity OR NOT pg_has_role(c.relowner, 'USAGE'))
+FROM pg_class c, pg_roles r
+WHERE c.oid = to_regclass('memories') AND r.rolname = current_user
+
+-- keys_blocking_purge --
+-- Foreign keys of other tables onto memories that would refuse a purge (NO ACTION / RESTRICT):
+-- every batch purging a referenced row would fail.
+SELECT conrelid::regclass::text AS tab, conname
+FROM pg_constraint
+WHERE contype = 'f' AND confrelid = to_regclass('memories')
+  AND conrelid <> to_regclass('memory_lineage') AND confdeltype NOT IN ('c', 'n', 'd')
+ORDER BY 1, 2
+
+-- row_update_triggers --
+-- BEFORE UPDATE row triggers on memories that fire on any column (no UPDATE OF list): one that
+-- stamps updated_at would move the decay anchor on every worker write.
+SELECT t.tgname
+FROM pg_trigger t
+WHERE t.tgrelid = to_regclass('memories') AND NOT t.tgisinternal AND t.tgenabled <> 'D'
+  AND (t.tgtype & 1) = 1 AND (t.tgtype & 2) = 2 AND (t.tgtype & 16) = 16
+  AND t.tgattr = ''::int2vector
+ORDER BY 1

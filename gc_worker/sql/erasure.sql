@@ -251,6 +251,7 @@ FROM gc_erasure_requests r
 WHERE r.status = 'pending'
   AND (CAST(:users AS text[]) IS NULL OR r.user_id = ANY(CAST(:users AS text[])))
   AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.user_id = r.user_id)
+  AND (r.memory_id IS NULL OR NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = r.memory_id))
 ORDER BY r.user_id
 
 -- erasure_rowless_requests --
@@ -260,5 +261,6 @@ SELECT r.id, r.kind, r.user_id, r.memory_id
 FROM gc_erasure_requests r
 WHERE r.status = 'pending' AND r.user_id = :user_id
   AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.user_id = :user_id)
+  AND (r.memory_id IS NULL OR NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = r.memory_id))
 ORDER BY r.requested_at
 FOR UPDATE OF r

@@ -1,0 +1,92 @@
+"""Adoption refuses an application's store whose own rules would make the worker act wrongly
+(exit 2, naming the fix): row-level security hiding rows, foreign keys that refuse a purge, a
+lineage column the worker cannot fill, a trigger that stamps updated_at on any update. Each of
+these was adopted before and then failed or misbehaved every night (found by a review)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from tests.test_migrate import app_store, as_role, execute, migrate, role, scalar  # noqa: F401
+
+
+def refused(monkeypatch, url, capsys, *needles: str) -> None:
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2, err
+    for needle in needles:
+        assert needle in err, err
+    assert scalar(url, "SELECT to_regclass('gc_runs') IS NULL")  # nothing half-applied
+
+
+def test_a_lineage_column_the_worker_cannot_fill_is_named(empty_database_url, monkeypatch, capsys):
+    lineage = ("CREATE TABLE memory_lineage (derived_id uuid NOT NULL, source_id uuid NOT NULL,"
+               " relation text NOT NULL, PRIMARY KEY (derived_id, source_id));")  # fmt: skip
+    execute(empty_database_url, app_store(lineage=False) + lineage)
+    refused(monkeypatch, empty_database_url, capsys, "memory_lineage.relation is NOT NULL")
+
+
+def test_a_foreign_key_that_would_refuse_a_purge_is_named(empty_database_url, monkeypatch, capsys):
+    votes = ("CREATE TABLE memory_votes (memory_id uuid NOT NULL REFERENCES memories (id),"
+             " vote int NOT NULL);")  # fmt: skip
+    execute(empty_database_url, app_store() + votes)
+    refused(monkeypatch, empty_database_url, capsys, "memory_votes.memory_votes_memory_id_fkey",
+            "ON DELETE CASCADE")  # fmt: skip
+
+
+def test_a_cascading_foreign_key_is_fine(empty_database_url, monkeypatch, capsys):
+    votes = ("CREATE TABLE memory_votes (memory_id uuid REFERENCES memories (id)"
+             " ON DELETE CASCADE);")  # fmt: skip
+    execute(empty_database_url, app_store() + votes)
+    assert migrate(monkeypatch, empty_database_url, capsys)[0] == 0
+
+
+TOUCH = """
+CREATE FUNCTION app_touch() RETURNS trigger LANGUAGE plpgsql AS
+$$ BEGIN NEW.updated_at := now(); RETURN NEW; END $$;
+"""
+
+
+def test_a_trigger_on_any_update_is_named_one_on_the_apps_columns_is_fine(
+    empty_database_url, monkeypatch, capsys
+):
+    """A BEFORE UPDATE trigger stamping updated_at on any update would take every score the
+    worker writes for an edit (decay never forgets; restore keeps every merge); limited to the
+    application's columns (UPDATE OF content, …) it never fires on the worker's writes."""
+    url = empty_database_url
+    execute(url, app_store() + TOUCH + "CREATE TRIGGER memories_touch BEFORE UPDATE ON memories"
+                 " FOR EACH ROW EXECUTE FUNCTION app_touch();")  # fmt: skip
+    refused(monkeypatch, url, capsys, "trigger memories_touch", "BEFORE UPDATE OF content")
+    execute(url, "DROP TRIGGER memories_touch ON memories;"
+                 "CREATE TRIGGER memories_touch BEFORE UPDATE OF content, metadata ON memories"
+                 " FOR EACH ROW EXECUTE FUNCTION app_touch();")  # fmt: skip
+    assert migrate(monkeypatch, url, capsys)[0] == 0
+
+
+def test_row_level_security_that_hides_rows_is_named(
+    pg_server,
+    empty_database_url,
+    role,
+    monkeypatch,
+    capsys,  # noqa: F811
+):
+    """Under a per-user policy the worker (the owner, FORCE ROW LEVEL SECURITY) sees no row:
+    it used to adopt the table, then complete a user's forget-me request as "no rows left"
+    while both of the user's memories stayed active."""
+    url = empty_database_url
+    name = sa.engine.make_url(url).database
+    execute(url, "CREATE EXTENSION vector")
+    pg_server.psql(f"ALTER DATABASE {name} OWNER TO {role};")
+    mine = as_role(url, role)
+    try:
+        execute(mine, app_store(lineage=False) +
+                "ALTER TABLE memories ENABLE ROW LEVEL SECURITY;"
+                "ALTER TABLE memories FORCE ROW LEVEL SECURITY;"
+                "CREATE POLICY per_user ON memories"
+                " USING (user_id = current_setting('app.user_id', true));")  # fmt: skip
+        code, _, err = migrate(monkeypatch, mine, capsys)
+        assert code == 2 and "row-level security" in err and "BYPASSRLS" in err, err
+        execute(mine, "ALTER TABLE memories NO FORCE ROW LEVEL SECURITY;")  # the owner sees all
+        assert migrate(monkeypatch, mine, capsys)[0] == 0
+    finally:
+        execute(url, f"DROP OWNED BY {role}")
+        pg_server.psql(f"ALTER DATABASE {name} OWNER TO postgres;")
