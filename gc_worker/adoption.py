@@ -90,7 +90,11 @@ def prepare(conn: Connection, embedding_dim: int) -> None:
     """Refuse (ConfigError) unless migration 0001 can create or adopt the store here."""
     who = _require_schema_privilege(conn)
     _ensure_pgvector(conn, who)
-    problems = [*memories_problems(conn, embedding_dim), *lineage_problems(conn)]
+    problems = [
+        *memories_problems(conn, embedding_dim),
+        *lineage_problems(conn),
+        *_misplaced_index_problems(conn),
+    ]
     if problems:
         listed = "".join(f"\n  - {problem}" for problem in problems)
         raise ConfigError(
@@ -167,9 +171,60 @@ def memories_problems(conn: Connection, embedding_dim: int) -> list[str]:
     return problems + _invalid_index_problems(conn) + _behaviour_problems(conn)
 
 
+# What the worker writes into the enum-like columns: each must pass the table's CHECKs.
+WORKER_VALUES = (
+    [{"status": status} for status in ("active", "obsolete", "merged", "deleted")]
+    + [
+        {"source": "gc_merge", "memory_type": "semantic"},
+        {"source": "gc_merge", "memory_type": "summary"},
+    ]
+    + [{"importance": i} for i in (1, 5)]
+    + [{"confidence": c, "decayed_confidence": c} for c in (0.0, 1.0)]
+)
+
+
+def _check_problems(conn: Connection) -> list[str]:
+    """CHECKs of the application's that would refuse what the worker writes (a status it
+    retires rows to, a merged record's source, a summary's type): every batch writing one
+    would fail, every night. Probed on a temporary copy of the table's CHECKs, rolled back."""
+    checks = conn.execute(q("foreign_checks")).all()
+    if not checks:
+        return []
+    refused: set[str] = set()
+    conn.exec_driver_sql("SAVEPOINT memory_gc_probe")
+    try:
+        conn.exec_driver_sql(
+            "CREATE TEMP TABLE memory_gc_probe (LIKE memories INCLUDING CONSTRAINTS) ON COMMIT DROP"
+        )
+        for column in _columns(conn, "memory_gc_probe"):  # only the CHECKs are probed
+            if column.not_null:
+                conn.exec_driver_sql(
+                    f'ALTER TABLE memory_gc_probe ALTER COLUMN "{column.name}" DROP NOT NULL'
+                )
+        for values in WORKER_VALUES:
+            columns = {k: f"'{v}'" for k, v in values.items()}
+            sql = (f"INSERT INTO memory_gc_probe ({', '.join(columns)})"
+                   f" VALUES ({', '.join(columns.values())})")  # fmt: skip
+            conn.exec_driver_sql("SAVEPOINT memory_gc_value")
+            try:
+                conn.exec_driver_sql(sql)
+            except sa.exc.IntegrityError as exc:
+                refused.add(getattr(exc.orig.diag, "constraint_name", None) or "?")
+            conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_value")
+    finally:
+        conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_probe")
+    return [
+        f"CHECK {row.conname} ({row.definition}) refuses a value the worker writes (statuses "
+        "active/obsolete/merged/deleted, source 'gc_merge', memory_type 'summary', importance "
+        f"1..5, confidence 0..1): ALTER TABLE memories DROP CONSTRAINT {row.conname}; (or widen it)"
+        for row in checks
+        if row.conname in refused
+    ]
+
+
 def _behaviour_problems(conn: Connection) -> list[str]:
     """What the application's own rules on memories would make the worker do wrong."""
-    problems = []
+    problems = _check_problems(conn)
     if conn.execute(q("row_security_hides_rows")).scalar():
         problems.append(
             "row-level security on memories can hide rows from this role, and the worker would "
@@ -279,6 +334,16 @@ def _invalid_index_problems(conn: Connection) -> list[str]:
         f"index {name} is invalid (a CREATE INDEX CONCURRENTLY that failed) and migrate keeps "
         f"an index of that name: DROP INDEX {name}; and build it again (or let migrate build it)"
         for name in conn.execute(q("invalid_indexes"), {"names": list(INDEXES)}).scalars()
+    ]
+
+
+def _misplaced_index_problems(conn: Connection) -> list[str]:
+    """An index of one of migrate's names on another table (a leftover memories_old): migrate
+    would take it for its own and the store would go without it."""
+    return [
+        f"index {row.index_name} is on {row.table_name}, and migrate names one of its own "
+        f"indexes so: ALTER INDEX {row.index_name} RENAME TO …; (or drop it)"
+        for row in conn.execute(q("misplaced_indexes"), {"names": list(INDEXES)})
     ]
 
 

@@ -22,7 +22,14 @@ from gc_worker.errors import ConfigError, SchemaOutdated
 
 VERSION_TABLE = "memory_gc_alembic_version"
 MIGRATIONS = Path(__file__).parent / "migrations"
-MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(4242004, 0)"  # one `migrate` at a time
+# one `migrate` at a time; the others wait for it whatever lock_timeout the URL sets (it is for
+# the application's tables): the wait has no time limit, then the session's setting is back
+MIGRATE_LOCK = (
+    "SELECT set_config('memory_gc.lock_timeout', current_setting('lock_timeout'), true);"
+    "SET LOCAL lock_timeout = 0;"
+    "SELECT pg_advisory_xact_lock(4242004, 0);"
+    "SELECT set_config('lock_timeout', current_setting('memory_gc.lock_timeout'), true)"
+)
 
 
 def _alembic_config() -> Config:

@@ -63,12 +63,8 @@ def test_a_trigger_on_any_update_is_named_one_on_the_apps_columns_is_fine(
 
 
 def test_row_level_security_that_hides_rows_is_named(
-    pg_server,
-    empty_database_url,
-    role,
-    monkeypatch,
-    capsys,  # noqa: F811
-):
+    pg_server, empty_database_url, role, monkeypatch, capsys  # noqa: F811
+):  # fmt: skip
     """Under a per-user policy the worker (the owner, FORCE ROW LEVEL SECURITY) sees no row:
     it used to adopt the table, then complete a user's forget-me request as "no rows left"
     while both of the user's memories stayed active."""

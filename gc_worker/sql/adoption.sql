@@ -24,7 +24,7 @@ ORDER BY a.attnum
 SELECT EXISTS (
     SELECT 1
     FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-    WHERE i.indrelid = to_regclass('memories') AND i.indisunique AND i.indisvalid
+    WHERE i.indrelid = to_regclass('memories') AND i.indisunique AND i.indisvalid AND i.indimmediate
       AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = 'id'
 )
 
@@ -57,7 +57,8 @@ WHERE c.oid = to_regclass('memories') AND r.rolname = current_user
 SELECT conrelid::regclass::text AS tab, conname
 FROM pg_constraint
 WHERE contype = 'f' AND confrelid = to_regclass('memories')
-  AND conrelid <> to_regclass('memory_lineage') AND confdeltype NOT IN ('c', 'n', 'd')
+  AND conrelid IS DISTINCT FROM to_regclass('memory_lineage')
+  AND confdeltype NOT IN ('c', 'n', 'd')
 ORDER BY 1, 2
 
 -- row_update_triggers --
@@ -68,4 +69,27 @@ FROM pg_trigger t
 WHERE t.tgrelid = to_regclass('memories') AND NOT t.tgisinternal AND t.tgenabled <> 'D'
   AND (t.tgtype & 1) = 1 AND (t.tgtype & 2) = 2 AND (t.tgtype & 16) = 16
   AND t.tgattr = ''::int2vector
+ORDER BY 1
+
+-- foreign_checks --
+-- CHECK constraints on memories other than memory-gc's own (by name) over the columns the
+-- worker writes: each with its definition, to compare with what the worker writes.
+SELECT c.conname, pg_get_constraintdef(c.oid) AS definition
+FROM pg_constraint c
+WHERE c.conrelid = to_regclass('memories') AND c.contype = 'c'
+  AND EXISTS (SELECT 1 FROM pg_attribute a
+              WHERE a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey)
+                AND a.attname IN ('status', 'status_reason', 'source', 'memory_type',
+                                  'importance', 'confidence', 'decayed_confidence',
+                                  'superseded_by', 'deleted_at', 'valid_until',
+                                  'status_changed_at', 'importance_assessed_at'))
+ORDER BY 1
+
+-- misplaced_indexes --
+-- Indexes of memory-gc's names on some other table: migrate would take them for its own.
+SELECT c.relname AS index_name, i.indrelid::regclass::text AS table_name
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE c.relname = ANY(:names)
+  AND i.indrelid NOT IN (coalesce(to_regclass('memories'), 0), coalesce(to_regclass('memory_lineage'), 0))
+  AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
 ORDER BY 1

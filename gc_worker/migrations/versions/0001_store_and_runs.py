@@ -64,10 +64,11 @@ def _complete_memories() -> None:
     for column, default in DEFAULTS.items():
         if column in undefaulted:
             op.execute(f"ALTER TABLE memories ALTER COLUMN {column} SET DEFAULT {default}")
-    for name, check in CHECKS.items():
-        if not _has_constraint("memories", name):
-            op.execute(f"ALTER TABLE memories ADD CONSTRAINT {name} CHECK ({check}) NOT VALID")
-            op.execute(f"ALTER TABLE memories VALIDATE CONSTRAINT {name}")
+    missing = [(name, check) for name, check in CHECKS.items()
+               if not _has_constraint("memories", name)]  # fmt: skip
+    if missing:  # one ALTER: the table is scanned once to check them all
+        added = ", ".join(f"ADD CONSTRAINT {name} CHECK ({check})" for name, check in missing)
+        op.execute(f"ALTER TABLE memories {added}")
 
 
 def _complete_lineage() -> None:

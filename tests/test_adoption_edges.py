@@ -1,0 +1,125 @@
+"""Adopting a store and migrating, edge cases a review reproduced (each failed before its fix):
+foreign keys without a lineage table, CHECKs refusing what the worker writes, lock_timeout,
+indexes of migrate's names elsewhere, a deferrable key, the scans of a large table."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gc_worker import cli, db, schema
+from tests.test_migrate import app_store, execute, migrate, scalar, untouched
+
+VOTES = ("CREATE TABLE memory_votes (memory_id uuid NOT NULL REFERENCES memories (id),"
+         " vote int NOT NULL);")  # fmt: skip
+
+
+def test_fk_blocking_purge_is_named_when_the_app_has_no_memory_lineage(
+    empty_database_url, monkeypatch, capsys
+):
+    """A foreign key that would refuse a purge is named also when the application has no
+    memory_lineage table (the check compared with a NULL and missed every one)."""
+    url = empty_database_url
+    execute(
+        url,
+        app_store(lineage=False)
+        + VOTES
+        + "UPDATE memories SET status = 'deleted', deleted_at = '2026-01-01Z',"
+        " status_changed_at = '2026-01-01Z' WHERE content = 'likes tea';"
+        "INSERT INTO memory_votes SELECT id, 1 FROM memories WHERE content = 'likes tea';",
+    )
+    code, _, err = migrate(monkeypatch, url, capsys)
+    if code == 0:  # show the consequence: the nightly purge fails its batch
+        run = cli.main(["run", "--job", "hard_delete", "--now", "2026-06-01T03:00:00Z"])
+        err += capsys.readouterr().err
+        pytest.fail(f"adopted (exit 0); hard_delete then exit {run}: {err[-400:]}")
+    assert code == 2 and "memory_votes.memory_votes_memory_id_fkey" in err, err
+    assert untouched(url)
+
+
+@pytest.mark.parametrize("name", ["memories_status_check", "app_status_ck"])
+def test_an_existing_check_that_forbids_worker_values_is_refused(
+    empty_database_url, monkeypatch, capsys, name
+):
+    """An application CHECK (under migrate's own name or any other) that forbids a status
+    the worker writes is named (it was adopted, then every ttl_expiry batch failed)."""
+    url = empty_database_url
+    execute(url, app_store() + f"ALTER TABLE memories ADD CONSTRAINT {name}"
+                 " CHECK (status IN ('active', 'archived'));")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    if code == 0:
+        run = cli.main(["run", "--job", "ttl_expiry", "--now", "2026-06-01T03:00:00Z"])
+        err += capsys.readouterr().err
+        pytest.fail(f"adopted (exit 0); ttl_expiry then exit {run}: {err[-300:]}")
+    assert code == 2 and name in err, err
+
+
+def test_concurrent_migrate_waits_even_under_the_documented_lock_timeout(
+    empty_database_url, monkeypatch, capsys
+):
+    """With the lock_timeout docs/operations.md suggests in the URL, a second migrate still
+    waits for the first (it used to give up with LockNotAvailable, exit 1)."""
+    holder = db.make_engine(empty_database_url)
+    try:
+        with holder.connect() as conn:
+            conn.exec_driver_sql(schema.MIGRATE_LOCK)
+            release = threading.Timer(3.0, conn.connection.dbapi_connection.rollback)
+            release.start()
+            url = f"{empty_database_url}&options=-c%20lock_timeout%3D1s"
+            code, out, err = migrate(monkeypatch, url, capsys)
+            release.join()
+    finally:
+        holder.dispose()
+    assert code == 0 and "empty ->" in out, err
+
+
+def test_an_index_of_a_worker_name_on_another_table_does_not_replace_the_worker_index(
+    empty_database_url, monkeypatch, capsys
+):
+    """An index of one of migrate's names on another table (a renamed old table) is named:
+    migrate used to take it for its own and leave memories without it."""
+    url = empty_database_url
+    execute(
+        url,
+        "CREATE TABLE memories_old (user_id text, status text);"
+        " CREATE INDEX memories_user_status_idx ON memories_old (user_id, status);",
+    )
+    code, _, err = migrate(monkeypatch, url, capsys)
+    on_memories = scalar(url, "SELECT count(*) FROM pg_index WHERE indrelid = 'memories'::regclass"
+                              " AND indexrelid::regclass::text = 'memories_user_status_idx'") \
+        if code == 0 else None  # fmt: skip
+    assert code == 2 and "memories_user_status_idx is on memories_old" in err, (code, err)
+    assert on_memories is None
+
+
+def test_a_deferrable_primary_key_on_id_is_refused_with_exit_2(
+    empty_database_url, monkeypatch, capsys
+):
+    """A DEFERRABLE key on id cannot back lineage's foreign key: exit 2 with the fix (it was
+    exit 1 with the raw database error)."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False) + "ALTER TABLE memories DROP CONSTRAINT memories_pkey,"
+                 " ADD PRIMARY KEY (id) DEFERRABLE INITIALLY DEFERRED;")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2 and "id" in err, (code, err)
+
+
+def test_adoption_validates_the_three_checks_in_one_scan(empty_database_url, monkeypatch, capsys):
+    """Under ACCESS EXCLUSIVE, the three CHECKs are added in one ALTER TABLE: one scan of the
+    table for all three (6 index builds + 1 = 7 scans; it was three NOT VALID + VALIDATE)."""
+    url = empty_database_url
+    execute(
+        url,
+        app_store(lineage=False) + "INSERT INTO memories (user_id, content)"
+        " SELECT 'u' || mod(g, 100), 'x' || g FROM generate_series(1, 50000) g;",
+    )
+    time.sleep(1)
+    scans = "SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'memories'"
+    before = scalar(url, scans)
+    code, _, err = migrate(monkeypatch, f"{url}&options=-c%20max_parallel_maintenance_workers%3D0",
+                           capsys)  # fmt: skip
+    assert code == 0, err
+    time.sleep(1)
+    assert scalar(url, scans) - before <= 7
