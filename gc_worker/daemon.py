@@ -49,7 +49,7 @@ from gc_worker.engine import (
     settings_of,
     start_run,
 )
-from gc_worker.errors import NotFoundError
+from gc_worker.errors import NotFoundError, RunFailed
 from gc_worker.metrics import Metrics
 from gc_worker.queries import q
 
@@ -140,14 +140,19 @@ class Daemon:
         if not self._nightly.acquire(blocking=False):
             return None
         try:
-            worked, done = None, None
+            worked, done, failed = None, None, []
             while not self.stopping():
                 fire = self._due_slot()
                 if fire is None or fire == done:
                     break
                 worked, _ = scheduler.nightly_run(self.engine, self.settings, fire)
-                self.work(worked)
                 done = fire
+                try:
+                    self.work(worked)
+                except RunFailed as exc:  # it ended (failed): a slot due meanwhile still runs
+                    failed.append(exc)
+            if failed:
+                raise failed[0]
             return worked
         finally:
             self._nightly.release()
@@ -163,7 +168,7 @@ class Daemon:
 
     def apply_due_plans(self) -> list[UUID]:
         """plan_then_apply: apply every nightly plan whose review delay is over (not rejected)."""
-        applied = []
+        applied, failed = [], []
         delay = self.settings.schedule.apply_delay_minutes
         max_age = self.settings.run.max_plan_age_hours  # this daemon's limit, as for the CLI
         scheduler.reject_stale_plans(self.engine, max_age)
@@ -172,20 +177,37 @@ class Daemon:
                 break
             with scheduler.apply_run_of(self.engine, plan_id, max_age_hours=max_age) as apply_id:
                 if apply_id is not None:
-                    self.work(apply_id)
+                    try:
+                        self.work(apply_id)
+                    except RunFailed as exc:  # some batches failed: the other plans still apply
+                        failed.append(exc)
                     applied.append(apply_id)
+        if failed:
+            raise failed[0]
         return applied
 
     def resume_orphans(self) -> list[UUID]:
-        """Join nightly runs left ``running`` by daemons that died; returns the runs joined."""
-        resumed = []
-        for run_id in self._orphaned_runs():
-            if self.stopping():
-                break
-            log.info("gc.schedule.resuming", run_id=str(run_id))
-            self.work(run_id)
-            resumed.append(run_id)
-        return resumed
+        """Join nightly runs left ``running`` by daemons that died; returns the runs joined.
+        One nightly run at a time per daemon: while this daemon's nightly work is under way,
+        orphans wait for a later upkeep. The apply of a plan now too old is closed, not
+        finished (as `apply` would refuse it)."""
+        if not self._nightly.acquire(blocking=False):
+            return []
+        try:
+            resumed = []
+            for run_id in self._orphaned_runs():
+                if self.stopping():
+                    break
+                if scheduler.close_stale_apply(
+                    self.engine, run_id, self.settings.run.max_plan_age_hours
+                ):
+                    continue
+                log.info("gc.schedule.resuming", run_id=str(run_id))
+                self.work(run_id)
+                resumed.append(run_id)
+            return resumed
+        finally:
+            self._nightly.release()
 
     def sweep_next(self) -> bool:
         """Serve the oldest on-demand sweep request; False when the queue is empty."""

@@ -126,7 +126,7 @@ def start_apply(
     with transaction(engine) as conn:
         conn.execute(q("lock_run_row"), {"run_id": plan_run_id})  # one starter at a time
         plan = load_run(conn, plan_run_id)
-        _check_age(conn, plan, max_age_hours)
+        check_plan_age(conn, plan, max_age_hours)
         if plan["mode"] == "dry_run" and plan["applied_by"] is not None:
             return _resume_apply(conn, plan, participate)
         _check_plan(conn, plan)
@@ -150,7 +150,7 @@ def start_apply(
     return run_id
 
 
-def _check_age(conn: Connection, plan: dict[str, Any], max_age_hours: float | None) -> None:
+def check_plan_age(conn: Connection, plan: dict[str, Any], max_age_hours: float | None) -> None:
     """Refuse a plan older than the limit (the server's clock against its finish)."""
     if plan["mode"] != "dry_run" or plan["finished_at"] is None:
         return

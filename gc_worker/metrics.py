@@ -43,6 +43,11 @@ DURATION_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 8640
 Health = Callable[[], tuple[bool, dict[str, Any]]]
 
 
+# The daemon's units of work (memory_gc_unit_failures_total{unit}).
+UNITS = ("nightly", "catch_up_slot", "apply_due_plans", "resume_orphans", "sweep_next",
+         "count_pending_sweeps")  # fmt: skip
+
+
 class Metrics:
     """The daemon's counters, on their own registry (several daemons may share a process)."""
 
@@ -84,6 +89,16 @@ class Metrics:
         self.unit_failures = Counter(
             "memory_gc_unit_failures", "Units of work that failed", ["unit"], registry=r
         )
+        # the series an alert on increase() watches exist from the start, at 0: a series first
+        # seen at 1 has no earlier sample, and its first failure would not count as an increase
+        for unit in UNITS:
+            self.unit_failures.labels(unit)
+        for trigger, mode in (("nightly", "apply"), ("nightly", "dry_run"),
+                              ("nightly_apply", "apply"), ("sweep", "apply")):  # fmt: skip
+            for status in ("completed", "failed"):
+                self.runs.labels(trigger, mode, status)
+        for status in ("done", "failed"):
+            self.sweeps.labels(status)
         self._seen: dict[UUID, set[int]] = {}
         self._lock = threading.Lock()
 

@@ -30,7 +30,14 @@ from sqlalchemy.engine import Engine
 
 from gc_worker.config import ScheduleSettings, Settings
 from gc_worker.db import transaction
-from gc_worker.engine import RunRequest, applying, load_run, resolve_jobs, start_run
+from gc_worker.engine import (
+    RunRequest,
+    applying,
+    check_plan_age,
+    load_run,
+    resolve_jobs,
+    start_run,
+)
 from gc_worker.errors import ConfigError, UsageError
 from gc_worker.queries import q
 
@@ -156,6 +163,22 @@ def apply_run_of(
             if run_id is None:
                 log.warning("gc.schedule.plan_refused", run_id=str(plan_run_id), error=str(exc))
         yield run_id
+
+
+def close_stale_apply(engine: Engine, run_id: UUID, max_age_hours: float) -> bool:
+    """If ``run_id`` applies a plan now older than ``max_age_hours``, mark it failed with the
+    reason (what it applied stays; the rest would carry the plan's old instant) and say so."""
+    with transaction(engine) as conn:
+        run = load_run(conn, run_id)
+        if run["plan_run_id"] is None:
+            return False
+        try:
+            check_plan_age(conn, load_run(conn, run["plan_run_id"]), max_age_hours)
+        except UsageError as exc:
+            conn.execute(q("fail_run"), {"run_id": run_id, "error": str(exc)})
+            log.warning("gc.schedule.apply_too_old", run_id=str(run_id), error=str(exc))
+            return True
+    return False
 
 
 def reject_stale_plans(engine: Engine, max_age_hours: float) -> list[UUID]:

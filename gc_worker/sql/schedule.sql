@@ -122,7 +122,8 @@ ORDER BY finished_at
 -- Nightly plans older than run.max_plan_age_hours that nobody applied: never to be applied.
 UPDATE gc_runs
 SET status = 'rejected',
-    error = 'not applied within run.max_plan_age_hours (' || :max_age_hours || ') of being made'
+    error = coalesce(error || '; ', '')
+            || 'not applied within run.max_plan_age_hours (' || :max_age_hours || ') of being made'
 WHERE slot IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL
   AND (status = 'completed'
        OR (status = 'failed' AND NOT EXISTS (

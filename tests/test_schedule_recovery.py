@@ -1,0 +1,225 @@
+"""The daemon after failures: slots due meanwhile, metrics present from the start, stale
+applies, one nightly run at a time (cases a review reproduced; each failed before its fix)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+import jobs.ttl_expiry as ttl
+from gc_worker import scheduler
+from gc_worker.config import ScheduleSettings
+from gc_worker.daemon import Daemon
+from gc_worker.errors import RunFailed
+from tests.store import execute
+from tests.test_schedule import SLOT, runs, seed
+from tests.test_schedule_metrics import endpoint, sample, scrape  # noqa: F401  (fixture)
+
+
+class TestNightlyGoesOnAfterAFailedRun:
+    def test_slot_due_while_a_run_that_ends_failed_ran_is_started(
+        self, engine, settings, monkeypatch
+    ):
+        """S1's run overruns the next fire time S2 (APScheduler skipped that firing) and ends
+        failed (one bad batch: RunFailed after closing it). The job goes on with the slot that
+        came due meanwhile: a failed end is an end (it used to stop at the RunFailed)."""
+        seed(engine, users=1)
+        nxt = SLOT + timedelta(days=1)
+        clock = {"now": SLOT + timedelta(minutes=1)}
+        daemon = Daemon(engine, settings, clock=lambda: clock["now"])
+        real = ttl.plan
+
+        def plan(ctx):
+            if clock["now"] < nxt:  # S1's only batch: overruns S2, then fails
+                clock["now"] = nxt + timedelta(minutes=1)
+                raise RuntimeError("a row the job cannot handle")
+            return real(ctx)
+
+        monkeypatch.setattr(ttl, "plan", plan)
+        try:
+            with pytest.raises(RunFailed):
+                daemon.nightly()
+        finally:
+            daemon.close()
+        assert [r["slot"] for r in runs(engine)] == [
+            scheduler.slot_key(SLOT),
+            scheduler.slot_key(nxt),
+        ], "the slot that came due during the failed run was never started"
+
+    def test_once_due_pass_does_not_lose_the_slot(self, engine, settings, monkeypatch):
+        """Same with `schedule --once-due` (no upkeep to catch up): S2 is started in the same
+        pass (it used to exit with S2 never started)."""
+        seed(engine, users=1)
+        nxt = SLOT + timedelta(days=1)
+        clock = {"now": SLOT + timedelta(minutes=1)}
+        daemon = Daemon(engine, settings, clock=lambda: clock["now"])
+        real = ttl.plan
+
+        def plan(ctx):
+            if clock["now"] < nxt:
+                clock["now"] = nxt + timedelta(minutes=1)
+                raise RuntimeError("a row the job cannot handle")
+            return real(ctx)
+
+        monkeypatch.setattr(ttl, "plan", plan)
+        try:
+            daemon.run_once()
+        finally:
+            daemon.close()
+        assert scheduler.slot_key(nxt) in [r["slot"] for r in runs(engine)]
+
+
+class TestUnitFailureSeriesExistBeforeTheFirstFailure:
+    def test_each_documented_unit_is_exported_at_zero(self, endpoint):  # noqa: F811
+        """`increase(memory_gc_unit_failures_total[15m]) > 0` (the documented alert) cannot see
+        a series that is born at 1: Prometheus has no earlier sample. The documented units must
+        be exported at 0 from the start (they used to appear at 1)."""
+        _, url = endpoint
+        metrics = scrape(url + "/metrics")
+        units = (
+            "nightly",
+            "catch_up_slot",
+            "apply_due_plans",
+            "resume_orphans",
+            "sweep_next",
+            "count_pending_sweeps",
+        )
+        missing = [
+            u for u in units if sample(metrics, "memory_gc_unit_failures_total", unit=u) is None
+        ]
+        assert missing == []
+
+
+class TestStalePlanKeepsItsFailure:
+    def test_rejecting_a_stale_failed_plan_keeps_why_it_failed(self, engine, settings, monkeypatch):
+        """A plan that ended failed (a bad batch) and then went stale: the rejection adds its
+        reason and keeps the plan's own error (it used to overwrite it)."""
+        seed(engine, users=2)
+        review = settings.model_copy(
+            update={
+                "schedule": ScheduleSettings(mode="plan_then_apply", apply_delay_minutes=60),
+                "run": settings.run.model_copy(update={"batch_users": 1}),
+            }
+        )
+        real = ttl.plan
+
+        def plan(ctx):
+            if "user-001" in ctx.users:
+                raise RuntimeError("a row the job cannot handle")
+            return real(ctx)
+
+        monkeypatch.setattr(ttl, "plan", plan)
+        d = Daemon(engine, review, clock=lambda: SLOT)
+        try:
+            with pytest.raises(RunFailed):
+                d.nightly()
+        finally:
+            d.close()
+        monkeypatch.undo()
+        execute(engine, "UPDATE gc_runs SET finished_at = finished_at - interval '73 hours'")
+        later = Daemon(engine, review, clock=lambda: SLOT + timedelta(days=4))
+        try:
+            later.apply_due_plans()
+        finally:
+            later.close()
+        (plan_run,) = runs(engine)
+        assert plan_run["status"] == "rejected"
+        assert "RuntimeError: a row the job cannot handle" in (plan_run["error"] or ""), plan_run[
+            "error"
+        ]
+
+
+class TestStaleApplyIsNotResumed:
+    def test_stopped_apply_of_a_stale_plan_is_not_finished_by_the_daemon(self, engine):
+        """The nightly apply of plan P stopped after batch 0 (daemons died); they come back 80 h
+        after P was made. `memory-gc apply P` refuses to take the apply up (too old), and so
+        does the upkeep: the apply is closed as failed with that reason (it used to apply the
+        rest of the stale plan)."""
+        from datetime import UTC, datetime
+
+        from gc_worker import engine as gc_engine
+        from gc_worker.errors import UsageError
+        from tests.store import status
+        from tests.test_lifecycle_failures import BATCHED, plan_then_apply, seed_users
+
+        expired = seed_users(engine, 2)
+        review = plan_then_apply(BATCHED)
+        maker = Daemon(engine, review, clock=lambda: SLOT)
+        try:
+            plan_id = maker.nightly()
+        finally:
+            maker.close()
+        apply_id = gc_engine.start_apply(engine, plan_id, trigger="nightly_apply")
+        done: list[int] = []
+        gc_engine.process_run(
+            engine, apply_id, review, on_batch=done.append, should_stop=lambda: bool(done)
+        )  # killed after batch 0
+        assert status(engine, expired["user-1"]) == "active"
+        execute(
+            engine,
+            "UPDATE gc_runs SET finished_at = finished_at - interval '80 hours',"
+            " started_at = started_at - interval '80 hours' WHERE id = :p",
+            p=plan_id,
+        )
+        with pytest.raises(UsageError, match="older than"):
+            gc_engine.start_apply(engine, plan_id)  # the CLI refuses to take it up
+        daemon = Daemon(engine, review, clock=lambda: datetime.now(UTC))
+        try:
+            daemon.upkeep()
+        finally:
+            daemon.close()
+        assert status(engine, expired["user-1"]) == "active", "a stale plan was applied"
+
+
+class TestOneNightlyRunPerDaemon:
+    def test_upkeep_does_not_resume_a_nightly_run_beside_the_busy_nightly_job(
+        self, engine, settings, monkeypatch
+    ):
+        """A daemon works one nightly run at a time: while the cron thread works slot S1, the
+        upkeep does not join the orphaned run of S0 beside it (it used to; S0's batches, with
+        an older `now`, queued behind S1's users); a later upkeep does."""
+        import threading
+
+        from gc_worker import engine as gc_engine
+
+        seed(engine, users=1)
+        s1 = SLOT + timedelta(days=1)
+        orphan = gc_engine.start_run(
+            engine,
+            settings,
+            gc_engine.RunRequest(
+                mode="apply", now=SLOT, jobs=gc_engine.resolve_jobs([], settings), trigger="nightly"
+            ),
+            slot=scheduler.slot_key(SLOT),
+        )
+        daemon = Daemon(engine, settings, clock=lambda: s1 + timedelta(minutes=1))
+        real, in_s1, release = ttl.plan, threading.Event(), threading.Event()
+
+        def plan(ctx):
+            if ctx.now == s1:
+                in_s1.set()
+                assert release.wait(20)
+            return real(ctx)
+
+        monkeypatch.setattr(ttl, "plan", plan)
+        cron = threading.Thread(target=daemon.nightly)
+        cron.start()
+        try:
+            assert in_s1.wait(10)
+            upkeep = threading.Thread(target=daemon.upkeep)
+            upkeep.start()
+            upkeep.join(3)
+            held = execute(
+                engine,
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND classid = 4242002 AND objsubid = 2 AND granted"
+                " AND objid = CAST(hashtext(CAST(:r AS text)) AS oid)",
+                r=orphan,
+            ).scalar()
+        finally:
+            release.set()
+            cron.join(20)
+            upkeep.join(20)
+            daemon.close()
+        assert held == 0, "the daemon worked two nightly runs at once"
