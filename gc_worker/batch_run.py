@@ -74,7 +74,9 @@ def process_next_batch(
 def _fail_batch(claim: Any, run: dict[str, Any], batch_no: int, exc: Exception) -> None:
     """Record a batch whose transaction rolled back (a job raised: a bug, a row it cannot
     handle) as failed, so that one bad user does not stop every user after it, every night."""
-    error = describe_error(exc)
+    # kept with the run for good: type and first line, cut short (a job's message could quote
+    # a row, which no erasure would reach there)
+    error = (describe_error(exc).splitlines() or [""])[0][:300]
     params = {"run_id": run["id"], "batch_no": batch_no, "error": error, "worker": WORKER_ID}
     claim.conn.execute(q("fail_batch"), params)
     log.error("gc.batch_failed", batch_no=batch_no, error=error)

@@ -267,7 +267,8 @@ class Daemon:
             self.sweeping = False
 
     def work(self, run_id: UUID, *, on_progress: Callable[[], None] | None = None) -> bool:
-        """Take part in a run until it has no pending batch (or we stop); True if completed.
+        """Take part in a run until it has no pending batch (or we stop); True if completed
+        (RunFailed if it closed as failed).
         ``on_progress`` is called after every committed batch and every model request, and
         each time the run asks whether to stop: between batches, between the users of a plan,
         and every second it waits for a user another worker's batch holds (that worker is

@@ -4,10 +4,10 @@ A run is a row in ``gc_runs`` and its user batches in ``gc_run_batches``; a scan
 (gc_worker.triage) decides which users each job reads and which rows. A worker claims a batch
 and its users with advisory locks on a session of its own (gc_worker.claims), held until the batch
 commits, so any number of workers can share a run, each batch is done exactly once, and a batch
-whose worker dies is released to the next worker. A batch (gc_worker.batch_run) is planned
-and applied in one transaction; when a job may call the model (``asks_model``) the plan is made
-just before that transaction, with none open, so a slow model never holds one. Then, in the
-transaction:
+whose worker dies is released to the next worker (failed after MAX_LOST_CLAIMS deaths). A batch
+(gc_worker.batch_run) is planned and applied in one transaction; when a job may call the model
+(``asks_model``) the plan is made just before that transaction, with none open, so a slow model
+never holds one. Then, in the transaction:
 
 - dry run: the actions are stored as ``planned``; no memory changes;
 - apply (a plain run, or ``apply RUN_ID`` of a stored plan): the executor locks and
@@ -115,9 +115,11 @@ def start_apply(
     """Record an apply run of a completed dry run (refused if it was already applied, or if
     it finished more than ``max_age_hours`` ago — default: the plan's run.max_plan_age_hours).
 
-    If an earlier apply of the same plan stopped before its end (the process was killed, or a
-    batch failed) and nobody is working it, that apply run is taken up again instead: its
-    committed batches stay, its pending ones are applied, as if it had never stopped.
+    If an earlier apply of the same plan stopped with batches still pending (the process was
+    killed, the database lost) and nobody is working it, that apply run is taken up again
+    instead: its committed batches stay, its pending ones are applied, as if it had never
+    stopped. One that ended failed with nothing pending (failed batches) is refused: failed
+    batches are left to a new plan.
 
     ``participate(run_id)``, if given, is called before the new (or resumed) run is committed
     and must make this process a participant of it (``applying``): no other process can then
@@ -245,7 +247,8 @@ def process_run(
     should_stop: Callable[[], bool] | None = None,
     participate: bool = True,
 ) -> bool:
-    """Work through the run's pending batches; True when this call completed the run.
+    """Work through the run's pending batches; True when this call completed the run
+    (RunFailed when it closed it as failed: some batches failed, the others were done).
 
     ``should_stop`` is asked between batches (SIGTERM: finish the current batch, then return),
     and between users while a batch is planned before its transaction (the batch is given up:

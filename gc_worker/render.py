@@ -267,6 +267,11 @@ def _md(value: Any) -> str:
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _pending(report: Report) -> bool:
+    """Whether batches of the run are still pending (reports without the field: assume so)."""
+    return report.get("pending_batches", 1) != 0
+
+
 def banner(report: Report) -> tuple[str, str, str]:
     """(kind, headline, what to do next) for the top of a rendered report. The command it
     suggests is one that works for this run's mode and status."""
@@ -278,6 +283,11 @@ def banner(report: Report) -> tuple[str, str, str]:
             return "dry", nothing, f"Its plan was applied by run {applied_by}."
         if status == "rejected":
             return "dry", "Dry run — rejected.", "Its plan will never be applied."
+        if status == "failed" and report.get("failed_batches") and not _pending(report):
+            return "dry", f"Dry run — {len(report['failed_batches'])} batch(es) failed.", (
+                "The other users' plan can be applied (the failed batches' users are left as "
+                f"they are): `memory-gc apply {run_id}`"
+            )  # fmt: skip
         if status != "completed":
             return "dry", f"Dry run — {status}, not complete.", "Its plan cannot be applied."
         return "dry", nothing, f"To apply exactly this plan, run `memory-gc apply {run_id}`"
@@ -293,7 +303,7 @@ def banner(report: Report) -> tuple[str, str, str]:
     if status == "running":
         return "incomplete", "Running.", "A process is working this run; render it again later."
     if status != "completed":
-        finish = f"; `memory-gc apply {plan}` finishes it" if plan else ""
+        finish = f"; `memory-gc apply {plan}` finishes it" if plan and _pending(report) else ""
         undo = f"`memory-gc restore --run {run_id}` undoes it{finish}."
         failed = report.get("failed_batches") or []
         users = sum(len(b.get("users", ())) for b in failed)

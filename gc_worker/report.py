@@ -56,6 +56,7 @@ def build_report(conn: Connection, run_id: UUID, *, actions: bool = True) -> dic
         "status": _shown_status(conn, run),
         "error": run["error"],
         "failed_batches": _failed_batches(conn, run),
+        "pending_batches": conn.execute(q("pending_batch_count"), {"run_id": run["id"]}).scalar(),
         "now": _iso(run["now"]),
         "started_at": _iso(run["started_at"]),
         "finished_at": _iso(run["finished_at"]),

@@ -207,4 +207,7 @@ def reject_plan(engine: Engine, run_id: UUID, *, who: str = "cli") -> None:
             f"run {run_id} was already applied by run {run['applied_by']}; "
             f"undo it with `memory-gc restore --run {run['applied_by']}`"
         )
-    raise UsageError(f"run {run_id} is {run['status']}; only a completed plan can be rejected")
+    raise UsageError(
+        f"run {run_id} is {run['status']}; only a completed plan (or one failed only by failed "
+        "batches) can be rejected"
+    )

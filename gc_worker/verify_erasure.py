@@ -46,7 +46,10 @@ ID_EXEMPT_COLUMNS = frozenset(
     {
         ("memories", "supersedes"),
         ("memories", "superseded_by"),
-        ("gc_run_batches", "work"),  # a pending batch's picked candidates (dropped when done)
+        (
+            "gc_run_batches",
+            "work",
+        ),  # a pending (or failed) batch's picked candidates (dropped when done)
     }
 )
 UUID_TEXT = re.compile(

@@ -9,14 +9,15 @@ Per user, over active rows (jobs.contradiction_rules has the rules in full):
 
 1. ``valid_until <= now`` (unpinned) → ``obsolete``, reason ``validity_ended``.
 2. Deterministic pairs: a declared ``supersedes`` (the declarer wins) and rows sharing a
-   ``slot`` within one ``scope`` (the newest of the most trusted wins). The loser →
+   ``slot`` (per user, whatever their scope: the newest of the most trusted wins). The loser →
    ``obsolete`` (reason ``superseded`` / ``slot_replaced``) with ``superseded_by`` and its
    ``valid_until`` closed at the winner's start — unless the winner is a temporary override
    (has ``valid_until``: it shadows, never obsoletes), has not taken effect yet, is less
    trusted than the loser, or the loser is pinned: then a ``review`` (kind contradiction,
    memory_ids [older, newer]) and no change.
 3. Other pairs at or above ``similarity`` (not exact duplicates — compaction's —, not a
-   newer temporary override, not of two scopes: the read rule never reads those together) go
+   newer temporary override, not of two scopes: two topic areas, e.g. two projects'
+   deadlines) go
    to the LLM, one call per pair (cached on the exact inputs): ``contradicts`` → as in 2
    (reason ``contradicted``) if the texts differ in a fact (``differing_facts``), else a
    ``review`` (reason ``llm_unverified``); ``duplicate`` / ``compatible`` → nothing;
@@ -141,7 +142,7 @@ def _worth_asking(pair: Pair) -> bool:
     """Whether the LLM's verdict could change anything for a similarity-only pair."""
     older, newer = pair.older, pair.newer
     if scope_of(older) != scope_of(newer):
-        return False  # read apart: they cannot conflict on the read path
+        return False  # two topic areas (two projects' deadlines): not one fact
     if newer.valid_until is not None:
         return False  # a temporary override shadows, it never obsoletes
     if older.slot is not None and older.slot == newer.slot and older.valid_until is None:

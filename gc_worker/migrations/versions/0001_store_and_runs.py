@@ -5,7 +5,7 @@ Revision ID: 0001
 On a database where the application already made ``memories`` (and perhaps ``memory_lineage``
 and ``active_memories``), the tables and their rows are kept (gc_worker.adoption checked their
 shape first) and what the worker relies on is added: the contract's column defaults, the CHECKs
-(added NOT VALID, then validated), the indexes (IF NOT EXISTS: one built CONCURRENTLY beforehand
+(in one ALTER: one scan), the indexes (IF NOT EXISTS: one built CONCURRENTLY beforehand
 under the same name is kept), lineage's foreign keys and pair key, the view if it is missing.
 """
 
