@@ -22,7 +22,7 @@ from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
 from gc_worker.claims import claimed
 from gc_worker.config import Settings
-from gc_worker.db import describe_error, transaction
+from gc_worker.db import describe_error, transaction, translated_errors
 from gc_worker.errors import DatabaseUnavailable, PlanAbandoned
 from gc_worker.execute import execute
 from gc_worker.queries import q
@@ -49,11 +49,16 @@ def process_next_batch(
             if asks_model(run, settings, llm):
                 # the model can take minutes to answer: plan first, with no transaction open
                 # (each read is its own; the claim and the users' locks are held by the claiming
-                # session), then apply in a short transaction that checks every row's version
-                claim.conn.execute(q("custom_plans_session"))
-                ctx = _context(claim.conn, claim.batch, run, settings, llm, in_transaction=False)
-                ctx.should_stop = should_stop
-                early = ctx, _plan(ctx, run, batch_no)
+                # session), then apply in a short transaction that checks every row's version.
+                # Driver errors as in a transaction: a conflict is retried, a lost connection
+                # stops the run, a statement refused for this batch fails the batch
+                with translated_errors():
+                    claim.conn.execute(q("custom_plans_session"))
+                    ctx = _context(
+                        claim.conn, claim.batch, run, settings, llm, in_transaction=False
+                    )
+                    ctx.should_stop = should_stop
+                    early = ctx, _plan(ctx, run, batch_no)
             summary = _commit_batch(engine, run, batch_no, settings, llm, llm_before, early)
         except PlanAbandoned:
             log.info("gc.batch_abandoned", batch_no=batch_no, reason="stop requested")
@@ -61,7 +66,13 @@ def process_next_batch(
         except DatabaseUnavailable:
             raise  # the database is gone (or kept conflicting): the run stops here
         except Exception as exc:  # this batch's users only: it rolled back; the run goes on
-            _fail_batch(claim, run, batch_no, exc)
+            try:
+                _fail_batch(claim, run, batch_no, exc)
+            except Exception as failed:  # the claiming session itself is gone
+                raise DatabaseUnavailable(
+                    f"a batch failed ({describe_error(exc)}) and could not be marked failed: "
+                    f"{describe_error(failed)}"
+                ) from None
             return True
         finally:
             if summary is None and llm is not None:  # nothing written; its model calls were paid

@@ -99,7 +99,7 @@ def cmd_apply(args: argparse.Namespace, ctx: Context) -> int:
     for path in args.report or []:
         _check_report_path(path)
     engine = ctx.engine()
-    max_age = ctx.settings.run.max_plan_age_hours  # this environment's limit, not the plan's
+    max_age = ctx.settings.plan_age_limit_hours  # this environment's limit, not the plan's
     with gc_engine.applying(
         engine, parse_uuid(args.run_id, "run id"), max_age_hours=max_age
     ) as run_id:

@@ -170,18 +170,15 @@ class Settings(Section):
     llm: LLMSettings = LLMSettings()
     embeddings: EmbeddingSettings = EmbeddingSettings()
 
-    @model_validator(mode="after")
-    def _review_window_fits_the_plan_age(self) -> Settings:
-        # a plan_then_apply plan waits apply_delay_minutes; one older than max_plan_age_hours is
-        # rejected: the window must end (with an upkeep hour to spare) before the plan is too old
-        delay, age = self.schedule.apply_delay_minutes, self.run.max_plan_age_hours
-        if self.schedule.mode == "plan_then_apply" and delay + 60 > age * 60:
-            raise ValueError(
-                f"schedule.apply_delay_minutes = {delay} leaves no time to apply a plan before "
-                f"run.max_plan_age_hours = {age:g} rejects it; raise run.max_plan_age_hours to "
-                f"at least {(delay + 60) / 60:g}"
-            )
-        return self
+    @property
+    def plan_age_limit_hours(self) -> float:
+        """How old a plan may be when applied: run.max_plan_age_hours, and never less than a
+        plan_then_apply review window (schedule.apply_delay_minutes) plus an hour for the
+        upkeep: a review window the operator chose is never cut short by the limit."""
+        window = (self.schedule.apply_delay_minutes + 60) / 60
+        if self.schedule.mode != "plan_then_apply":
+            return self.run.max_plan_age_hours
+        return max(self.run.max_plan_age_hours, window)
 
 
 class Runtime(Section):

@@ -87,6 +87,7 @@ class Daemon:
         self._llm_factory = llm_factory or (lambda: None)
         self._stop = threading.Event()
         self._nightly = threading.Lock()  # one nightly run at a time (cron job or upkeep)
+        self._skipped_fire: datetime | None = None  # a firing that found the nightly lock taken
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self.failures = 0
@@ -138,11 +139,12 @@ class Daemon:
         came due while it ran; the last run worked, or None if no slot is due or this daemon's
         nightly work is under way in another thread (which takes the new slot when it ends)."""
         if not self._nightly.acquire(blocking=False):
+            self._skipped_fire = self._due_slot() or self._skipped_fire  # whoever holds it runs it
             return None
         try:
             worked, done, failed = None, None, []
             while not self.stopping():
-                fire = self._due_slot()
+                fire, self._skipped_fire = self._due_slot() or self._skipped_fire, None
                 if fire is None or fire == done:
                     break
                 worked, _ = scheduler.nightly_run(self.engine, self.settings, fire)
@@ -170,7 +172,7 @@ class Daemon:
         """plan_then_apply: apply every nightly plan whose review delay is over (not rejected)."""
         applied, failed = [], []
         delay = self.settings.schedule.apply_delay_minutes
-        max_age = self.settings.run.max_plan_age_hours  # this daemon's limit, as for the CLI
+        max_age = self.settings.plan_age_limit_hours  # this daemon's limit, as for the CLI
         scheduler.reject_stale_plans(self.engine, max_age)
         for plan_id in scheduler.due_plans(self.engine, self.clock(), delay):
             if self.stopping():
@@ -199,15 +201,17 @@ class Daemon:
                 if self.stopping():
                     break
                 if scheduler.close_stale_apply(
-                    self.engine, run_id, self.settings.run.max_plan_age_hours
+                    self.engine, run_id, self.settings.plan_age_limit_hours
                 ):
                     continue
                 log.info("gc.schedule.resuming", run_id=str(run_id))
                 self.work(run_id)
                 resumed.append(run_id)
-            return resumed
         finally:
             self._nightly.release()
+        if self._skipped_fire is not None:  # a firing came while the orphan held the lock
+            self.nightly()
+        return resumed
 
     def sweep_next(self) -> bool:
         """Serve the oldest on-demand sweep request; False when the queue is empty."""

@@ -156,7 +156,7 @@ def check_plan_age(conn: Connection, plan: dict[str, Any], max_age_hours: float 
     """Refuse a plan older than the limit (the server's clock against its finish)."""
     if plan["mode"] != "dry_run" or plan["finished_at"] is None:
         return
-    limit = max_age_hours or settings_of(plan).run.max_plan_age_hours
+    limit = max_age_hours or settings_of(plan).plan_age_limit_hours
     age = conn.execute(q("plan_age_hours"), {"run_id": plan["id"]}).scalar()
     age = None if age is None else float(age)
     if age is not None and age > limit:
@@ -305,8 +305,15 @@ def _work_run(
 
 
 def _fail(engine: Engine, run_id: UUID, exc: Exception) -> None:
+    """Mark the run failed — unless another process still takes part in it (another replica of
+    the same nightly run): this one's database trouble must not stop the others."""
     with transaction(engine) as conn:
-        conn.execute(q("fail_run"), {"run_id": run_id, "error": describe_error(exc)})
+        failed = conn.execute(
+            q("fail_run_if_alone"), {"run_id": run_id, "error": describe_error(exc)}
+        ).first()
+    if failed is None:
+        log.error("gc.run_left_to_others", run_id=str(run_id), error=describe_error(exc))
+        return
     log.error("gc.run_failed", run_id=str(run_id), error=describe_error(exc))
 
 

@@ -144,22 +144,35 @@ class TestMaxPlanAgeInTheDaemon:
 
 
 class TestApplyDelayVersusPlanAge:
-    def test_a_review_window_longer_than_the_plan_age_limit_is_refused(self, settings):
+    def test_a_review_window_longer_than_the_plan_age_limit_still_applies(self, engine, settings):
         """schedule.apply_delay_minutes = 73 h (a review window over a long weekend) with the
-        default run.max_plan_age_hours = 72: every nightly plan would be rejected as too old
-        before it is due. Refused when the settings load, naming the setting to raise; an hour
-        of margin (for the upkeep) is accepted."""
-        from pydantic import ValidationError
+        default run.max_plan_age_hours = 72: the window wins (the limit is never shorter than
+        the window plus an hour), so the plan is applied when the window ends instead of
+        being rejected as too old; such settings load as they did before the limit existed."""
+        from datetime import UTC, datetime
 
         data = settings.model_dump()
         data["schedule"].update(mode="plan_then_apply", apply_delay_minutes=73 * 60)
-        with pytest.raises(ValidationError, match=r"raise run\.max_plan_age_hours to at least 74"):
-            Settings.model_validate(data)
-        data["schedule"]["apply_delay_minutes"] = 71 * 60
-        Settings.model_validate(data)
-        data["run"]["max_plan_age_hours"] = 74
-        data["schedule"]["apply_delay_minutes"] = 73 * 60
-        Settings.model_validate(data)
+        long_review = Settings.model_validate(data)
+        assert long_review.plan_age_limit_hours == 74
+        expired = seed_users(engine, 1)["user-0"]
+        daemon = Daemon(engine, long_review, clock=lambda: SLOT)
+        try:
+            daemon.nightly()
+        finally:
+            daemon.close()
+        execute(
+            engine,
+            "UPDATE gc_runs SET"
+            " finished_at = clock_timestamp() - interval '73 hours 1 minute',"
+            " started_at = clock_timestamp() - interval '73 hours 2 minutes'",
+        )
+        later = Daemon(engine, long_review, clock=lambda: datetime.now(UTC))
+        try:
+            assert len(later.apply_due_plans()) == 1
+        finally:
+            later.close()
+        assert status(engine, expired) == "deleted"
 
 
 class TestPerBatchServerErrorsStopTheRun:

@@ -182,3 +182,15 @@ SELECT extract(epoch FROM clock_timestamp() - finished_at) / 3600 FROM gc_runs W
 SELECT batch_no, users, error FROM gc_run_batches
 WHERE run_id = :run_id AND state = 'failed'
 ORDER BY batch_no
+
+-- fail_run_if_alone --
+-- fail_run, unless another process than this one participates in the run (its shared advisory
+-- lock, lock_run_shared, is held by more than one session): they go on with it.
+UPDATE gc_runs SET status = 'failed', finished_at = clock_timestamp(), error = :error
+WHERE id = :run_id AND status = 'running'
+  AND (SELECT count(*) FROM pg_locks l
+       WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+         AND l.classid = 4242002
+         AND l.objid = CAST(hashtext(CAST(:run_id AS text)) AS oid)) <= 1
+RETURNING id
