@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,19 +31,41 @@ log = structlog.get_logger(__name__)
 MAX_LOST_CLAIMS = 3
 
 
+# The backend pids of this thread's participation sessions, per run (an apply participates
+# from before its start commits and again while it works): the run's other holders of its
+# shared lock are other workers — processes, or threads of a daemon — and engine._fail leaves a
+# run they still work to them.
+_OWN_SESSIONS: dict[tuple[UUID, int], list[int]] = {}
+_OWN_LOCK = threading.Lock()
+
+
+def own_participation_pids(run_id: UUID) -> list[int]:
+    with _OWN_LOCK:
+        return list(_OWN_SESSIONS.get((run_id, threading.get_ident()), ()))
+
+
 @contextlib.contextmanager
 def participating(engine: Engine, run_id: UUID) -> Iterator[None]:
     """Hold the run's shared advisory lock on a connection of our own while we work it: a run
     nobody holds is stopped (killed or failed) and may be taken up again."""
     with translated_errors():
         conn = engine.connect()
+    pid, key = None, (run_id, threading.get_ident())
     try:
         with translated_errors():
             conn.execute(q("keep_idle_session"))
             conn.execute(q("lock_run_shared"), {"run_id": run_id})
+            pid = conn.execute(q("backend_pid")).scalar()
             conn.commit()
+        with _OWN_LOCK:
+            _OWN_SESSIONS.setdefault(key, []).append(pid)
         yield
     finally:
+        if pid is not None and pid in _OWN_SESSIONS.get(key, ()):
+            with _OWN_LOCK:
+                _OWN_SESSIONS[key].remove(pid)
+                if not _OWN_SESSIONS[key]:
+                    del _OWN_SESSIONS[key]
         _release(conn, ("unlock_run_shared", {"run_id": run_id}))
 
 

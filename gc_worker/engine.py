@@ -29,7 +29,7 @@ import structlog
 from sqlalchemy.engine import Connection, Engine
 
 import jobs
-from gc_worker import audit, erasure, triage
+from gc_worker import audit, claims, erasure, triage
 from gc_worker.batch_run import process_next_batch
 from gc_worker.claims import participating
 from gc_worker.config import Settings
@@ -308,8 +308,10 @@ def _fail(engine: Engine, run_id: UUID, exc: Exception) -> None:
     """Mark the run failed — unless another process still takes part in it (another replica of
     the same nightly run): this one's database trouble must not stop the others."""
     with transaction(engine) as conn:
+        own = claims.own_participation_pids(run_id)
         failed = conn.execute(
-            q("fail_run_if_alone"), {"run_id": run_id, "error": describe_error(exc)}
+            q("fail_run_if_alone"),
+            {"run_id": run_id, "error": describe_error(exc), "own_pids": own},
         ).first()
     if failed is None:
         log.error("gc.run_left_to_others", run_id=str(run_id), error=describe_error(exc))

@@ -184,13 +184,16 @@ WHERE run_id = :run_id AND state = 'failed'
 ORDER BY batch_no
 
 -- fail_run_if_alone --
--- fail_run, unless another process than this one participates in the run (its shared advisory
--- lock, lock_run_shared, is held by more than one session): they go on with it.
+-- fail_run, unless another process participates in the run: a session other than this
+-- process's own (:own_pids, whether still alive or not) holds its shared advisory lock
+-- (lock_run_shared). That process goes on with it.
 UPDATE gc_runs SET status = 'failed', finished_at = clock_timestamp(), error = :error
 WHERE id = :run_id AND status = 'running'
-  AND (SELECT count(*) FROM pg_locks l
-       WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-         AND l.classid = 4242002
-         AND l.objid = CAST(hashtext(CAST(:run_id AS text)) AS oid)) <= 1
+  AND NOT EXISTS (
+      SELECT 1 FROM pg_locks l
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+        AND l.classid = 4242002
+        AND l.objid = CAST(hashtext(CAST(:run_id AS text)) AS oid)
+        AND l.pid <> ALL(CAST(:own_pids AS int[])))
 RETURNING id

@@ -215,3 +215,7 @@ SELECT * FROM gc_sweep_requests WHERE id = :id
 -- pending_sweep_count --
 -- Requests waiting for a daemon.
 SELECT count(*) FROM gc_sweep_requests WHERE status = 'pending'
+
+-- backend_pid --
+-- This session's server process (a participation session: claims.own_participation_pids).
+SELECT pg_backend_pid()
