@@ -174,9 +174,11 @@ def close_stale_apply(engine: Engine, run_id: UUID, max_age_hours: float) -> boo
             return False
         try:
             check_plan_age(conn, load_run(conn, run["plan_run_id"]), max_age_hours)
-        except UsageError as exc:
-            conn.execute(q("fail_run"), {"run_id": run_id, "error": str(exc)})
-            log.warning("gc.schedule.apply_too_old", run_id=str(run_id), error=str(exc))
+        except UsageError as exc:  # failed only if still nobody's (another replica may have
+            # taken it up meanwhile: it is left to it); not resumed here either way
+            params = {"run_id": run_id, "error": str(exc), "own_pids": []}
+            if conn.execute(q("fail_run_if_alone"), params).first() is not None:
+                log.warning("gc.schedule.apply_too_old", run_id=str(run_id), error=str(exc))
             return True
     return False
 

@@ -170,6 +170,34 @@ class TestStaleApplyIsNotResumed:
         finally:
             daemon.close()
         assert status(engine, expired["user-1"]) == "active", "a stale plan was applied"
+        with engine.connect() as conn:
+            closed = gc_engine.load_run(conn, apply_id)
+        assert closed["status"] == "failed" and "older than" in closed["error"]
+
+    def test_a_stale_apply_another_replica_took_up_is_left_to_it(self, engine):
+        """Between finding the orphan and closing it, another replica may have taken the stale
+        apply up: it is then neither failed under that replica nor resumed here."""
+        from gc_worker import engine as gc_engine
+        from gc_worker.claims import participating
+        from tests.test_lifecycle_failures import BATCHED, plan_then_apply, seed_users
+
+        seed_users(engine, 2)
+        review = plan_then_apply(BATCHED)
+        maker = Daemon(engine, review, clock=lambda: SLOT)
+        try:
+            plan_id = maker.nightly()
+        finally:
+            maker.close()
+        apply_id = gc_engine.start_apply(engine, plan_id, trigger="nightly_apply")
+        execute(engine, "UPDATE gc_runs SET finished_at = finished_at - interval '80 hours'"
+                        " WHERE id = :p", p=plan_id)  # fmt: skip
+        with participating(engine, apply_id):  # the other replica works it
+            assert scheduler.close_stale_apply(engine, apply_id, 72) is True
+        with engine.connect() as conn:
+            assert gc_engine.load_run(conn, apply_id)["status"] == "running"
+        assert scheduler.close_stale_apply(engine, apply_id, 72) is True  # an orphan now
+        with engine.connect() as conn:
+            assert gc_engine.load_run(conn, apply_id)["status"] == "failed"
 
 
 class TestOneNightlyRunPerDaemon:
