@@ -8,8 +8,6 @@ nobody else holds; gc_worker.engine walks a run with it.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +18,7 @@ import jobs
 from gc_worker import audit
 from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
-from gc_worker.claims import claimed
+from gc_worker.claims import WORKER_ID, claimed
 from gc_worker.config import Settings
 from gc_worker.db import describe_error, transaction, translated_errors
 from gc_worker.errors import DatabaseUnavailable, PlanAbandoned
@@ -28,7 +26,6 @@ from gc_worker.execute import execute
 from gc_worker.queries import q
 
 log = structlog.get_logger("memory_gc")
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
 
 def process_next_batch(

@@ -26,6 +26,7 @@ from gc_worker.db import LOCK_NOT_AVAILABLE, describe_error, translated_errors
 from gc_worker.queries import q
 
 log = structlog.get_logger(__name__)
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"  # this process, in gc_run_batches.worker
 # A batch whose worker died inside it this many times (claimed, never released: killed, out of
 # memory) is failed rather than handed to the next worker, which would die the same way.
 MAX_LOST_CLAIMS = 3
@@ -160,14 +161,9 @@ def _claim(conn: Connection, run_id: UUID) -> Claim | None:
                     f"the worker stopped inside this batch {lost} times (killed, out of "
                     "memory?); given up so that the run's other batches get done"
                 )
-                conn.execute(q("fail_batch"), key | {"error": error, "worker": worker_id()})
+                conn.execute(q("fail_batch"), key | {"error": error, "worker": WORKER_ID})
                 log.error("gc.batch_failed", batch_no=batch_no, error=error)
             elif lost is not None:
                 return Claim(conn, batch)
             conn.execute(q("unlock_claim"))  # finished meanwhile by another worker, or failed
     return None
-
-
-def worker_id() -> str:
-    """This process, as gc_run_batches.worker names it."""
-    return f"{socket.gethostname()}:{os.getpid()}"

@@ -175,10 +175,9 @@ class Settings(Section):
         """How old a plan may be when applied: run.max_plan_age_hours, and never less than a
         plan_then_apply review window (schedule.apply_delay_minutes) plus an hour for the
         upkeep: a review window the operator chose is never cut short by the limit."""
-        window = (self.schedule.apply_delay_minutes + 60) / 60
         if self.schedule.mode != "plan_then_apply":
             return self.run.max_plan_age_hours
-        return max(self.run.max_plan_age_hours, window)
+        return max(self.run.max_plan_age_hours, (self.schedule.apply_delay_minutes + 60) / 60)
 
 
 class Runtime(Section):

@@ -4,6 +4,7 @@ the same upkeep's resume_orphans worked it again). Found by a review."""
 
 from __future__ import annotations
 
+from contextlib import closing
 from datetime import timedelta
 
 from gc_worker import batch_run
@@ -29,11 +30,10 @@ def test_daemon_apply_with_db_trouble_is_marked_failed_by_apply_due_plans(
 
     monkeypatch.setattr(batch_run, "_commit_batch", conflict)
     (plan,) = runs(engine)
-    later = Daemon(engine, review, clock=lambda: plan["finished_at"] + timedelta(hours=2))
-    try:
+    with closing(
+        Daemon(engine, review, clock=lambda: plan["finished_at"] + timedelta(hours=2))
+    ) as later:
         later.attempt(later.apply_due_plans)
-    finally:
-        later.close()
     apply = next(r for r in runs(engine) if r["trigger"] == "nightly_apply")
     assert apply["status"] == "failed", (
         f"apply left {apply['status']!r} (error={apply['error']!r}) by its only daemon"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from contextlib import closing
 from datetime import timedelta
 
 import pytest
@@ -56,21 +57,19 @@ class TestPlanThenApplyWithAFailedBatch:
             update={"schedule": ScheduleSettings(mode="plan_then_apply", apply_delay_minutes=60)}
         )
         monkeypatch.setattr(ttl, "plan", failing_for("user-1"))
-        daemon = Daemon(engine, review, clock=lambda: SLOT)
-        try:
-            with pytest.raises(RunFailed):
-                daemon.nightly()
-        finally:
-            daemon.close()
+        with (
+            closing(Daemon(engine, review, clock=lambda: SLOT)) as daemon,
+            pytest.raises(RunFailed),
+        ):
+            daemon.nightly()
         monkeypatch.undo()
         with engine.connect() as conn:
             finished = conn.execute(sa.text("SELECT finished_at FROM gc_runs")).scalar()
-        later = Daemon(engine, review, clock=lambda: finished + timedelta(hours=2))
-        try:  # the apply ends failed too: its report names the batch that was never planned
-            with pytest.raises(RunFailed, match=r"batch 1 \(1 users\): not planned: Runtime"):
-                later.apply_due_plans()
-        finally:
-            later.close()
+        with (  # the apply ends failed too: its report names the batch that was never planned
+            closing(Daemon(engine, review, clock=lambda: finished + timedelta(hours=2))) as later,
+            pytest.raises(RunFailed, match=r"batch 1 \(1 users\): not planned: Runtime"),
+        ):
+            later.apply_due_plans()
         # the users whose batches were planned get their changes, as in plan_and_apply mode
         assert status(engine, expired["user-0"]) == "deleted"
         assert status(engine, expired["user-2"]) == "deleted"
@@ -120,11 +119,8 @@ class TestMaxPlanAgeInTheDaemon:
         plan's stored 72 and swallow the refusal, at every upkeep)."""
         expired = seed_users(engine, 1)["user-0"]
         old = plan_then_apply(settings)
-        daemon = Daemon(engine, old, clock=lambda: SLOT)
-        try:
+        with closing(Daemon(engine, old, clock=lambda: SLOT)) as daemon:
             daemon.nightly()
-        finally:
-            daemon.close()
         execute(
             engine,
             "UPDATE gc_runs SET finished_at = clock_timestamp() - interval '80 hours',"
@@ -133,11 +129,8 @@ class TestMaxPlanAgeInTheDaemon:
         raised = plan_then_apply(settings, max_plan_age_hours=200)
         from datetime import UTC, datetime
 
-        later = Daemon(engine, raised, clock=lambda: datetime.now(UTC))
-        try:
+        with closing(Daemon(engine, raised, clock=lambda: datetime.now(UTC))) as later:
             applied = later.apply_due_plans()
-        finally:
-            later.close()
         plan = runs(engine)[0]
         assert plan["status"] == "completed" and plan["applied_by"] == applied[0]  # not rejected
         assert status(engine, expired) == "deleted"
@@ -156,22 +149,16 @@ class TestApplyDelayVersusPlanAge:
         long_review = Settings.model_validate(data)
         assert long_review.plan_age_limit_hours == 74
         expired = seed_users(engine, 1)["user-0"]
-        daemon = Daemon(engine, long_review, clock=lambda: SLOT)
-        try:
+        with closing(Daemon(engine, long_review, clock=lambda: SLOT)) as daemon:
             daemon.nightly()
-        finally:
-            daemon.close()
         execute(
             engine,
             "UPDATE gc_runs SET"
             " finished_at = clock_timestamp() - interval '73 hours 1 minute',"
             " started_at = clock_timestamp() - interval '73 hours 2 minutes'",
         )
-        later = Daemon(engine, long_review, clock=lambda: datetime.now(UTC))
-        try:
+        with closing(Daemon(engine, long_review, clock=lambda: datetime.now(UTC))) as later:
             assert len(later.apply_due_plans()) == 1
-        finally:
-            later.close()
         assert status(engine, expired) == "deleted"
 
 
@@ -265,11 +252,8 @@ class TestStaleDuePlanListRetriesAFailedApply:
         three more deaths); a failed batch is left to the next plan."""
         seed_users(engine)
         review = plan_then_apply(BATCHED)
-        maker = Daemon(engine, review, clock=lambda: SLOT)
-        try:
+        with closing(Daemon(engine, review, clock=lambda: SLOT)) as maker:
             plan_id = maker.nightly()
-        finally:
-            maker.close()
         calls = []
         from datetime import UTC, datetime
 

@@ -3,6 +3,7 @@ applies, one nightly run at a time (cases a review reproduced; each failed befor
 
 from __future__ import annotations
 
+from contextlib import closing
 from datetime import timedelta
 
 import pytest
@@ -17,31 +18,34 @@ from tests.test_schedule import SLOT, runs, seed
 from tests.test_schedule_metrics import endpoint, sample, scrape  # noqa: F401  (fixture)
 
 
+def overrunning_failure(engine, settings, monkeypatch):
+    """A daemon whose slot S1's only batch overruns the next fire time S2 (APScheduler skips
+    that firing), then fails: RunFailed after closing S1. Returns (daemon, S2)."""
+    seed(engine, users=1)
+    nxt = SLOT + timedelta(days=1)
+    clock = {"now": SLOT + timedelta(minutes=1)}
+    real = ttl.plan
+
+    def plan(ctx):
+        if clock["now"] < nxt:
+            clock["now"] = nxt + timedelta(minutes=1)
+            raise RuntimeError("a row the job cannot handle")
+        return real(ctx)
+
+    monkeypatch.setattr(ttl, "plan", plan)
+    return Daemon(engine, settings, clock=lambda: clock["now"]), nxt
+
+
 class TestNightlyGoesOnAfterAFailedRun:
     def test_slot_due_while_a_run_that_ends_failed_ran_is_started(
         self, engine, settings, monkeypatch
     ):
-        """S1's run overruns the next fire time S2 (APScheduler skipped that firing) and ends
-        failed (one bad batch: RunFailed after closing it). The job goes on with the slot that
-        came due meanwhile: a failed end is an end (it used to stop at the RunFailed)."""
-        seed(engine, users=1)
-        nxt = SLOT + timedelta(days=1)
-        clock = {"now": SLOT + timedelta(minutes=1)}
-        daemon = Daemon(engine, settings, clock=lambda: clock["now"])
-        real = ttl.plan
-
-        def plan(ctx):
-            if clock["now"] < nxt:  # S1's only batch: overruns S2, then fails
-                clock["now"] = nxt + timedelta(minutes=1)
-                raise RuntimeError("a row the job cannot handle")
-            return real(ctx)
-
-        monkeypatch.setattr(ttl, "plan", plan)
-        try:
-            with pytest.raises(RunFailed):
-                daemon.nightly()
-        finally:
-            daemon.close()
+        """S1's run overruns the next fire time S2 and ends failed. The job goes on with the
+        slot that came due meanwhile: a failed end is an end (it used to stop at the
+        RunFailed)."""
+        daemon, nxt = overrunning_failure(engine, settings, monkeypatch)
+        with closing(daemon), pytest.raises(RunFailed):
+            daemon.nightly()
         assert [r["slot"] for r in runs(engine)] == [
             scheduler.slot_key(SLOT),
             scheduler.slot_key(nxt),
@@ -50,23 +54,9 @@ class TestNightlyGoesOnAfterAFailedRun:
     def test_once_due_pass_does_not_lose_the_slot(self, engine, settings, monkeypatch):
         """Same with `schedule --once-due` (no upkeep to catch up): S2 is started in the same
         pass (it used to exit with S2 never started)."""
-        seed(engine, users=1)
-        nxt = SLOT + timedelta(days=1)
-        clock = {"now": SLOT + timedelta(minutes=1)}
-        daemon = Daemon(engine, settings, clock=lambda: clock["now"])
-        real = ttl.plan
-
-        def plan(ctx):
-            if clock["now"] < nxt:
-                clock["now"] = nxt + timedelta(minutes=1)
-                raise RuntimeError("a row the job cannot handle")
-            return real(ctx)
-
-        monkeypatch.setattr(ttl, "plan", plan)
-        try:
+        daemon, nxt = overrunning_failure(engine, settings, monkeypatch)
+        with closing(daemon):
             daemon.run_once()
-        finally:
-            daemon.close()
         assert scheduler.slot_key(nxt) in [r["slot"] for r in runs(engine)]
 
 
@@ -110,19 +100,12 @@ class TestStalePlanKeepsItsFailure:
             return real(ctx)
 
         monkeypatch.setattr(ttl, "plan", plan)
-        d = Daemon(engine, review, clock=lambda: SLOT)
-        try:
-            with pytest.raises(RunFailed):
-                d.nightly()
-        finally:
-            d.close()
+        with closing(Daemon(engine, review, clock=lambda: SLOT)) as d, pytest.raises(RunFailed):
+            d.nightly()
         monkeypatch.undo()
         execute(engine, "UPDATE gc_runs SET finished_at = finished_at - interval '73 hours'")
-        later = Daemon(engine, review, clock=lambda: SLOT + timedelta(days=4))
-        try:
+        with closing(Daemon(engine, review, clock=lambda: SLOT + timedelta(days=4))) as later:
             later.apply_due_plans()
-        finally:
-            later.close()
         (plan_run,) = runs(engine)
         assert plan_run["status"] == "rejected"
         assert "RuntimeError: a row the job cannot handle" in (plan_run["error"] or ""), plan_run[
@@ -145,11 +128,8 @@ class TestStaleApplyIsNotResumed:
 
         expired = seed_users(engine, 2)
         review = plan_then_apply(BATCHED)
-        maker = Daemon(engine, review, clock=lambda: SLOT)
-        try:
+        with closing(Daemon(engine, review, clock=lambda: SLOT)) as maker:
             plan_id = maker.nightly()
-        finally:
-            maker.close()
         apply_id = gc_engine.start_apply(engine, plan_id, trigger="nightly_apply")
         done: list[int] = []
         gc_engine.process_run(
@@ -164,11 +144,8 @@ class TestStaleApplyIsNotResumed:
         )
         with pytest.raises(UsageError, match="older than"):
             gc_engine.start_apply(engine, plan_id)  # the CLI refuses to take it up
-        daemon = Daemon(engine, review, clock=lambda: datetime.now(UTC))
-        try:
+        with closing(Daemon(engine, review, clock=lambda: datetime.now(UTC))) as daemon:
             daemon.upkeep()
-        finally:
-            daemon.close()
         assert status(engine, expired["user-1"]) == "active", "a stale plan was applied"
         with engine.connect() as conn:
             closed = gc_engine.load_run(conn, apply_id)
@@ -183,11 +160,8 @@ class TestStaleApplyIsNotResumed:
 
         seed_users(engine, 2)
         review = plan_then_apply(BATCHED)
-        maker = Daemon(engine, review, clock=lambda: SLOT)
-        try:
+        with closing(Daemon(engine, review, clock=lambda: SLOT)) as maker:
             plan_id = maker.nightly()
-        finally:
-            maker.close()
         apply_id = gc_engine.start_apply(engine, plan_id, trigger="nightly_apply")
         execute(engine, "UPDATE gc_runs SET finished_at = finished_at - interval '80 hours'"
                         " WHERE id = :p", p=plan_id)  # fmt: skip
