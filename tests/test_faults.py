@@ -6,6 +6,7 @@ the next run reaches the same end state as an undisturbed run on an identical co
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from uuid import UUID
@@ -210,8 +211,15 @@ class TestWorkerDiesInsideABatch:
         conn.execution_options(isolation_level="AUTOCOMMIT")
         claim = claims._claim(conn, run_id)
         assert claim is not None
+        pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
         conn.invalidate()  # the server ends the session: its advisory locks go with it
         conn.close()
+        gone = "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = :pid)"
+        with engine.connect() as probe:  # the backend exits asynchronously: wait for it
+            for _ in range(500):
+                if probe.execute(sa.text(gone), {"pid": pid}).scalar():
+                    break
+                time.sleep(0.01)
         return claim.batch.batch_no
 
     def test_a_batch_that_kills_its_worker_is_failed_after_three_deaths(self, engine, twin):
@@ -233,6 +241,19 @@ class TestWorkerDiesInsideABatch:
         after = full_snapshot(engine)
         user = sorted(USERS)[1]
         assert rows_of(after, user) == rows_of(before, user)
+
+    def test_two_deaths_are_not_yet_enough(self, engine):
+        """Just inside the limit: after MAX_LOST_CLAIMS - 1 deaths the next worker still tries
+        the batch (and here, where nothing kills it, does it)."""
+        seed(engine, [r for u in USERS for r in lifecycle_rows(u)])
+        from gc_worker.engine import RunRequest, resolve_jobs, start_run
+
+        request = RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], BATCHED))
+        run_id = start_run(engine, BATCHED, request)
+        for _ in range(claims.MAX_LOST_CLAIMS - 1):
+            assert self.die_inside(engine, run_id) == 0
+        assert gc_engine.process_run(engine, run_id, BATCHED) is True
+        assert {state for state, _ in batch_outcome(engine).values()} == {"done"}
 
     def test_a_worker_that_lives_releases_its_claim(self, engine):
         """Claims that end normally (the batch committed, failed or was given up) are not
