@@ -98,6 +98,20 @@ class TestPlanThenApply:
 
 
 class TestStalePlans:
+    @pytest.mark.parametrize(("age", "refused"), [("71 hours 59 minutes", False),
+                                                  ("72 hours 1 minute", True)])  # fmt: skip
+    def test_the_age_limit_boundary(self, engine, settings, age, refused):
+        """Just inside run.max_plan_age_hours (72) a plan applies; just outside it is refused."""
+        victim = add(engine, "u1", "expiring", expires_at=days_ago(1))
+        plan = run(engine, settings, dry_run=True)
+        execute(engine, f"UPDATE gc_runs SET finished_at = clock_timestamp() - interval '{age}'")
+        if refused:
+            with pytest.raises(UsageError, match="older than"):
+                gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+        else:
+            gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+        assert status(engine, victim) == ("active" if refused else "deleted")
+
     def test_an_old_plan_is_refused_and_a_raised_limit_applies_it(
         self, engine, settings, cli_env, capsys, monkeypatch
     ):
@@ -212,6 +226,23 @@ class TestDrift:
         applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
         assert applied["totals"]["actions"] == 0 and len(applied["drifted"]) == 2
         assert all(status(engine, r) == "active" for r in kept[2:] + [UUID(e) for e in evicted])
+
+    @pytest.mark.parametrize(("deleted", "added", "applied"), [(1, 1, 2), (1, 0, 0)])
+    def test_evictions_at_the_same_row_count_apply_one_fewer_drift(
+        self, engine, deleted, added, applied
+    ):
+        """The premise boundary: as many active rows at apply as at planning (one deleted, one
+        added) — the evictions apply; one fewer — they drift."""
+        capped = Settings(user_cap=UserCapSettings(max_memories=3))
+        rows = [add(engine, "u1", f"fact {i}", created_at=days_ago(10 + i)) for i in range(5)]
+        plan = run(engine, capped, jobs=["user_cap"], dry_run=True)
+        kept = [r for r in rows if str(r) not in acted_on(plan)]
+        execute(engine, "DELETE FROM memories WHERE id = ANY(:ids)", ids=kept[:deleted])
+        for i in range(added):
+            add(engine, "u1", f"new fact {i}")
+        report = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        assert report["totals"]["actions"] == applied
+        assert len(report["drifted"]) == 2 - applied
 
     def test_evictions_still_apply_when_the_user_only_gained_rows(self, engine):
         capped = Settings(user_cap=UserCapSettings(max_memories=3))

@@ -136,7 +136,42 @@ class TestMaxPlanAgeInTheDaemon:
         assert status(engine, expired) == "deleted"
 
 
+class TestFailedBatchesInTheRunError:
+    @pytest.mark.parametrize(("failing", "cut"), [(5, False), (6, True)])
+    def test_the_error_names_at_most_five_failed_batches(self, engine, monkeypatch, failing, cut):
+        """Five failed batches are all named in the run's error; the sixth is left to the
+        report's failed_batches ("; …"), so the stored and logged error stays short."""
+        seed_users(engine, failing)
+        monkeypatch.setattr(ttl, "plan", lambda ctx: (_ for _ in ()).throw(RuntimeError("x")))
+        request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("ttl_expiry",))
+        run_id = gc_engine.start_run(engine, BATCHED, request)
+        with pytest.raises(RunFailed) as raised:
+            gc_engine.process_run(engine, run_id, BATCHED)
+        assert f"{failing} batch(es) failed" in str(raised.value)
+        assert str(raised.value).count("RuntimeError: x") == 5
+        assert ("; …" in str(raised.value)) == cut
+
+
 class TestApplyDelayVersusPlanAge:
+    def test_just_past_the_review_window_and_its_hour_a_plan_is_rejected(self, engine, settings):
+        """Outside the widened limit (73 h window + 1 h = 74 h): a plan 74 h 1 min old is
+        rejected by the upkeep, not applied."""
+        from datetime import UTC, datetime
+
+        data = settings.model_dump()
+        data["schedule"].update(mode="plan_then_apply", apply_delay_minutes=73 * 60)
+        long_review = Settings.model_validate(data)
+        expired = seed_users(engine, 1)["user-0"]
+        with closing(Daemon(engine, long_review, clock=lambda: SLOT)) as daemon:
+            daemon.nightly()
+        aged = ("UPDATE gc_runs SET finished_at = clock_timestamp() - interval '74 h 1 min',"
+                " started_at = clock_timestamp() - interval '74 h 2 min'")  # fmt: skip
+        execute(engine, aged)
+        with closing(Daemon(engine, long_review, clock=lambda: datetime.now(UTC))) as later:
+            assert later.apply_due_plans() == []
+        assert runs(engine)[0]["status"] == "rejected"
+        assert status(engine, expired) == "active"
+
     def test_a_review_window_longer_than_the_plan_age_limit_still_applies(self, engine, settings):
         """schedule.apply_delay_minutes = 73 h (a review window over a long weekend) with the
         default run.max_plan_age_hours = 72: the window wins (the limit is never shorter than
