@@ -39,7 +39,7 @@ def process_next_batch(
         structlog.contextvars.bind_contextvars(
             batch_no=batch_no, user_id=claim.batch.users[0] if len(claim.batch.users) == 1 else None
         )
-        llm_before = llm.usage() if llm is not None else {}
+        llm_before = llm.usage(this_thread=True) if llm is not None else {}
         summary = None
         try:
             early: tuple[BatchContext, list[Action]] | None = None
@@ -196,11 +196,11 @@ def plan_batch(ctx: BatchContext, job_names: Sequence[str]) -> list[Action]:
 
 
 def _spent(llm: Any, before: dict[str, int]) -> dict[str, int]:
-    return {k: v - before.get(k, 0) for k, v in llm.usage().items()}
+    return {k: v - before.get(k, 0) for k, v in llm.usage(this_thread=True).items()}
 
 
 def _llm_calls(ctx: BatchContext) -> int:
-    return ctx.llm.usage()["calls"] if ctx.llm is not None else 0
+    return ctx.llm.usage(this_thread=True)["calls"] if ctx.llm is not None else 0
 
 
 def _after_apply(ctx: BatchContext, run: dict[str, Any], applied: list[Action]) -> None:

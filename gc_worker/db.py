@@ -115,6 +115,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         kwargs["connect_args"] = named | kwargs.get("connect_args", {})
     # a failed statement's message would otherwise quote its parameters (memory text, a
     # model's merged text) into gc_runs.error, sweep requests and logs, beyond any erasure
+    # a participant of a run holds three sessions (participation, claim, batch); the daemon's
+    # units (nightly, upkeep, sweeps) each run with up to run.workers participants
+    kwargs.setdefault("max_overflow", 40)
     try:
         engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True, **kwargs)
     except (sa.exc.ArgumentError, ImportError, ValueError) as exc:  # not a URL (or its port);

@@ -18,7 +18,9 @@ never holds one. Then, in the transaction:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -250,13 +252,117 @@ def process_run(
     """Work through the run's pending batches; True when this call completed the run
     (RunFailed when it closed it as failed: some batches failed, the others were done).
 
-    ``should_stop`` is asked between batches (SIGTERM: finish the current batch, then return),
-    and between users while a batch is planned before its transaction (the batch is given up:
-    nothing of it is written yet, and waiting for the model could take minutes).
-    ``participate=False``: the caller already holds the run's participation lock (the daemon).
+    Up to ``run.workers`` batches are worked at once: the calling thread and helper threads,
+    each a participant of its own, as replicas sharing a run are (gc_worker.claims). The model
+    budget is the run's, shared. ``should_stop`` is asked between batches (SIGTERM: finish the
+    current batch, then return), and between users while a batch is planned before its
+    transaction (the batch is given up: nothing of it is written yet, and waiting for the model
+    could take minutes). ``participate=False``: the caller already holds the run's
+    participation lock (the daemon); helper threads take their own.
     """
-    with participating(engine, run_id) if participate else contextlib.nullcontext():
-        return _work_run(engine, run_id, settings, llm, on_batch, should_stop)
+    if llm is not None:
+        llm.begin_run()
+    helpers = _helpers_wanted(engine, run_id, settings)
+    if helpers == 0:
+        with participating(engine, run_id) if participate else contextlib.nullcontext():
+            return _work_run(engine, run_id, settings, llm, on_batch, should_stop)
+    return _work_parallel(
+        engine, run_id, settings, llm, on_batch, should_stop, helpers=helpers,
+        participate=participate,
+    )  # fmt: skip
+
+
+def _helpers_wanted(engine: Engine, run_id: UUID, settings: Settings) -> int:
+    """Helper threads worth starting: one fewer than the workers, no more than the batches
+    left besides the caller's first (a one-user sweep starts none)."""
+    if settings.run.workers <= 1:
+        return 0
+    with engine.connect() as conn:
+        pending = _pending(conn, run_id)
+    return max(0, min(settings.run.workers, pending) - 1)
+
+
+def _work_parallel(
+    engine: Engine,
+    run_id: UUID,
+    settings: Settings,
+    llm: Any,
+    on_batch: Callable[[int], None] | None,
+    should_stop: Callable[[], bool] | None,
+    *,
+    helpers: int,
+    participate: bool,
+) -> bool:
+    """The caller and ``helpers`` threads work the run side by side. Each helper participates
+    on a session of its own, so one that loses the database leaves the run to the others (as a
+    replica would). The caller's interrupt (Ctrl-C, SIGTERM) stops the helpers after their
+    current batch. Outcome: completed if any of them closed the run (RunFailed if it closed
+    failed); otherwise the first error, an interrupt first; otherwise False (stopped)."""
+    stop = threading.Event()
+    reported = threading.Lock()
+
+    def stopping() -> bool:
+        return stop.is_set() or bool(should_stop and should_stop())
+
+    def batch_done(n: int) -> None:
+        if on_batch is not None:
+            with reported:  # a progress bar, the daemon's metrics: one caller at a time
+                on_batch(n)
+
+    outcomes: list[bool | BaseException] = []
+
+    def helper() -> None:
+        try:
+            with participating(engine, run_id):
+                outcome: bool | BaseException = _work_run(
+                    engine, run_id, settings, llm, batch_done, stopping
+                )
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            outcome = exc
+        outcomes.append(outcome)
+
+    threads = [
+        threading.Thread(  # each with the caller's log context (a sweep's user_id)
+            target=contextvars.copy_context().run,
+            args=(helper,),
+            daemon=True,
+            name=f"memory-gc-run-{i + 1}",
+        )
+        for i in range(helpers)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        with participating(engine, run_id) if participate else contextlib.nullcontext():
+            mine: bool | BaseException = _work_run(
+                engine, run_id, settings, llm, batch_done, stopping
+            )
+    except BaseException as exc:
+        mine = exc
+    if isinstance(mine, BaseException) and not isinstance(mine, Exception):
+        stop.set()  # interrupted: the helpers finish their batch and stop
+    for thread in threads:
+        thread.join()
+    everyone = [mine, *outcomes]
+    errors = [o for o in everyone if isinstance(o, Exception) and not isinstance(o, RunFailed)]
+    if errors and not any(o is True or isinstance(o, RunFailed) for o in everyone):
+        # each failed while the other still took part, and left the run to it: now alone
+        with contextlib.suppress(Exception):  # the database may be the trouble; say the first
+            _fail(engine, run_id, errors[0])
+    return _outcome(everyone)
+
+
+def _outcome(outcomes: list[bool | BaseException]) -> bool:
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    interrupts = [e for e in errors if not isinstance(e, Exception)]
+    if interrupts:  # Ctrl-C / SIGTERM: the process stops, whatever the others did
+        raise interrupts[0]
+    if any(o is True for o in outcomes):
+        return True
+    closed_failed = [e for e in errors if isinstance(e, RunFailed)]
+    if closed_failed or errors:
+        raise (closed_failed or errors)[0]
+    return False
 
 
 def _work_run(
@@ -271,8 +377,6 @@ def _work_run(
         run = load_run(conn, run_id)
     caller_context = structlog.contextvars.get_contextvars()  # e.g. a sweep's own user_id
     structlog.contextvars.bind_contextvars(run_id=str(run_id), dry_run=run["mode"] == "dry_run")
-    if llm is not None:
-        llm.begin_run()
     try:
         while not (should_stop and should_stop()):
             if not retrying(

@@ -133,7 +133,7 @@ def policies(draw: st.DrawFn) -> Settings:
     """A valid ``Settings`` with random values (thresholds small enough to matter)."""
     unit = st.floats(0, 1, allow_nan=False)
     sections: dict[str, dict[str, Any]] = {
-        "run": {"batch_users": draw(st.integers(1, 4))},
+        "run": {"batch_users": draw(st.integers(1, 4)), "workers": draw(st.integers(1, 2))},
         "decay": {
             "half_life_days": draw(days(0.5, 400)),
             "importance_multipliers": draw(st.tuples(*[st.sampled_from([0.25, 0.5, 1, 2, 8])] * 5)),

@@ -37,7 +37,10 @@ from tests.store import NOW, run
 from tests.strategies import BASES
 
 USERS = ("u1 'quoted'", "u2 ユーザー", "u3; DROP")
-BATCHED = Settings.model_validate({"embeddings": {"dim": 8}, "run": {"batch_users": 1}})
+# one worker: each fault lands in a known batch, in order (tests/test_parallel_run.py: several)
+BATCHED = Settings.model_validate(
+    {"embeddings": {"dim": 8}, "run": {"batch_users": 1, "workers": 1}}
+)
 
 
 class Injected(Exception):
@@ -455,7 +458,7 @@ def llm_rows(user_id: str) -> list[dict[str, Any]]:
 LLM_SETTINGS = Settings.model_validate(
     {
         "embeddings": {"dim": 8},
-        "run": {"batch_users": 1},
+        "run": {"batch_users": 1, "workers": 1},  # a fake model's "every other request" is global
         "llm": {"max_retries": 1},
         "compaction": {"similarity": 0.9},
         "contradiction": {"similarity": 0.9},

@@ -21,7 +21,10 @@ from gc_worker.errors import RunFailed
 from tests.store import NOW, add, days_ago, execute, status
 
 SLOT = NOW  # 2026-06-01 03:00 UTC
-BATCHED = Settings.model_validate({"embeddings": {"dim": 8}, "run": {"batch_users": 1}})
+# one worker: a stop "after batch 0" stops after batch 0 (several would each have one going)
+BATCHED = Settings.model_validate(
+    {"embeddings": {"dim": 8}, "run": {"batch_users": 1, "workers": 1}}
+)
 
 
 def seed_users(engine, n=3):

@@ -243,7 +243,10 @@ class TestKilledWorker:
     def kill_mid_batch(self, engine, workers, tmp_path, *args: str) -> int:
         """Start a worker that hangs inside its 4th batch, SIGKILL it; the batch it held."""
         hung = tmp_path / "hung"
-        victim = workers(*args, GC_TEST_HANG_AT="4", GC_TEST_HUNG=str(hung))
+        # one thread: its 4th batch is the run's 4th (batches 0-2 done before it)
+        victim = workers(
+            *args, GC_TEST_HANG_AT="4", GC_TEST_HUNG=str(hung), MEMORY_GC_RUN__WORKERS="1"
+        )
         wait_for(hung.exists, 120, "the worker to hang in its 4th batch")
         (held,) = execute(
             engine, "SELECT batch_no FROM gc_run_batches WHERE :u = ANY(users)", u=hung.read_text()

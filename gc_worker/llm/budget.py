@@ -23,7 +23,8 @@ EXTRA_KEYS = ("invalid_answers", "errors", "retries", "embedding_calls", "deferr
 
 @dataclass
 class LLMBudget:
-    """Limits of one run and what the run has used so far."""
+    """Limits of one run and what the run has used so far; also what each thread used (a run
+    worked by several threads accounts each batch with its own thread's counters)."""
 
     max_calls: int | None = None
     max_tokens: int | None = None
@@ -37,36 +38,46 @@ class LLMBudget:
     retries: int = 0
     deferred_by_budget: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _by_thread: dict[int, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    def _add(self, counter: str, n: int = 1) -> None:  # under self._lock
+        setattr(self, counter, getattr(self, counter) + n)
+        mine = self._by_thread.setdefault(threading.get_ident(), {})
+        mine[counter] = mine.get(counter, 0) + n
+
     def reserve_call(self, *, embedding: bool = False) -> None:
         """Count one call, or raise ``LLMBudgetExhausted`` if the run may not make it."""
         with self._lock:
             if self.max_calls is not None and self.calls >= self.max_calls:
-                self.deferred_by_budget += 1
+                self._add("deferred_by_budget")
                 raise LLMBudgetExhausted("calls", self.calls, self.max_calls)
             if self.max_tokens is not None and self.tokens >= self.max_tokens:
-                self.deferred_by_budget += 1
+                self._add("deferred_by_budget")
                 raise LLMBudgetExhausted("tokens", self.tokens, self.max_tokens)
-            self.calls += 1
-            self.embedding_calls += int(embedding)
+            self._add("calls")
+            self._add("embedding_calls", int(embedding))
 
     def record_usage(self, input_tokens: int, output_tokens: int) -> None:
         with self._lock:
-            self.input_tokens += max(0, input_tokens)
-            self.output_tokens += max(0, output_tokens)
+            self._add("input_tokens", max(0, input_tokens))
+            self._add("output_tokens", max(0, output_tokens))
 
     def count(self, counter: str) -> None:
         """Add one to ``cache_hits``, ``invalid_answers``, ``errors`` or ``retries``."""
         if counter not in ("cache_hits", "invalid_answers", "errors", "retries"):
             raise ValueError(f"unknown LLM counter {counter!r}")
         with self._lock:
-            setattr(self, counter, getattr(self, counter) + 1)
+            self._add(counter)
 
-    def as_report(self) -> dict[str, int]:
-        """The report's ``llm`` section followed by the extra counters."""
+    def as_report(self, *, this_thread: bool = False) -> dict[str, int]:
+        """The report's ``llm`` section followed by the extra counters: the run's, or what the
+        calling thread used of it (``this_thread``)."""
         with self._lock:
+            if this_thread:
+                mine = self._by_thread.get(threading.get_ident(), {})
+                return {key: mine.get(key, 0) for key in (*REPORT_KEYS, *EXTRA_KEYS)}
             return {key: getattr(self, key) for key in (*REPORT_KEYS, *EXTRA_KEYS)}

@@ -66,9 +66,11 @@ class LLMPort:
         self._budget = self._new_budget()
         return self._budget
 
-    def usage(self) -> dict[str, int]:
-        """The current run's counters (the report's ``llm`` section plus extras)."""
-        return self._budget.as_report()
+    def usage(self, *, this_thread: bool = False) -> dict[str, int]:
+        """The current run's counters (the report's ``llm`` section plus extras); with
+        ``this_thread``, only what the calling thread's requests used (a batch's share when
+        several threads work the run)."""
+        return self._budget.as_report(this_thread=this_thread)
 
     def close(self) -> None:
         self._model.close()

@@ -1,0 +1,218 @@
+"""Several workers in one process (``run.workers``): the caller's thread and helper threads work
+a run's batches side by side, each a participant of its own, as replicas sharing a run do.
+
+They end where one worker ends; a one-user run starts no helper; a participant that loses the
+database leaves the run to the other, and when both fail the run is failed, not left
+``running`` with nobody on it; Ctrl-C / SIGTERM stops the helpers after their batch and leaves
+the run resumable; the model budget is the run's, not each thread's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import jobs.ttl_expiry as ttl
+from gc_worker import batch_run
+from gc_worker import engine as gc_engine
+from gc_worker.config import Settings
+from gc_worker.engine import RunRequest, resolve_jobs, start_run
+from gc_worker.errors import DatabaseUnavailable, WriteConflict
+from gc_worker.report import build_report
+from tests.fake_model import FakeModel, fake_port
+from tests.seeding import end_state, lifecycle_rows, seed, state_diff
+from tests.store import NOW, run
+from tests.test_faults import (  # noqa: F401  (fixtures)
+    LLM_SETTINGS,
+    databases,
+    engine,
+    llm_rows,
+    seed_both,
+    twin,
+)
+
+USERS = tuple(f"user-{i}" for i in range(6))
+PARALLEL = Settings.model_validate(
+    {"embeddings": {"dim": 8}, "run": {"batch_users": 1, "workers": 2}}
+)
+SERIAL = Settings.model_validate(
+    {"embeddings": {"dim": 8}, "run": {"batch_users": 1, "workers": 1}}
+)
+HELPER = "memory-gc-run-"
+
+
+def planning_threads(monkeypatch, hook=None) -> list[str]:
+    """The threads that plan ttl_expiry, one entry per batch; ``hook(thread_name)`` runs first."""
+    seen: list[str] = []
+    real = ttl.plan
+
+    def plan(ctx: Any) -> Any:
+        name = threading.current_thread().name
+        seen.append(name)
+        if hook is not None:
+            hook(name)
+        return real(ctx)
+
+    monkeypatch.setattr(ttl, "plan", plan)
+    return seen
+
+
+def rows() -> list[dict[str, Any]]:
+    return [r for u in USERS for r in lifecycle_rows(u)]
+
+
+def batch_states(engine: sa.Engine, run_id: Any) -> list[str]:  # noqa: F811
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.text("SELECT state FROM gc_run_batches WHERE run_id = :r ORDER BY batch_no"),
+                {"r": run_id},
+            ).scalars()
+        )
+
+
+def run_status(engine: sa.Engine, run_id: Any) -> tuple[str, str | None]:  # noqa: F811
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.text("SELECT status, error FROM gc_runs WHERE id = :r"), {"r": run_id}
+        ).one()
+
+
+def outline(report: dict[str, Any]) -> dict[str, Any]:
+    return {job: (row["actions"], row["by_action"]) for job, row in report["jobs"].items()}
+
+
+def helpers_alive() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(HELPER)]
+
+
+def test_two_workers_end_where_one_ends(engine, twin, monkeypatch):  # noqa: F811
+    """Both threads work batches (they overlap), every batch is done once, and the store, the
+    actions and the audit end as a single worker leaves them on an identical copy."""
+    ids = seed_both(engine, twin, rows())
+    seen = planning_threads(monkeypatch, hook=lambda _: time.sleep(0.05))
+    report = run(engine, PARALLEL)
+    assert len(seen) == len(USERS) and {"MainThread", f"{HELPER}1"} <= set(seen), seen
+    assert batch_states(engine, report["run_id"]) == ["done"] * len(USERS)
+    monkeypatch.undo()
+    reference = run(twin, SERIAL)
+    assert outline(report) == outline(reference)
+    diff = state_diff(end_state(engine, ids), end_state(twin, ids))
+    assert not diff, "\n".join(diff)
+    assert helpers_alive() == []
+
+
+def test_a_one_user_run_starts_no_helper(engine, monkeypatch):  # noqa: F811
+    seed(engine, rows())
+    seen = planning_threads(monkeypatch)
+    report = run(engine, PARALLEL, users=[USERS[0]])
+    assert seen == ["MainThread"] and report["totals"]["actions"] > 0
+
+
+def test_a_participant_that_loses_the_database_leaves_the_run_to_the_other(
+    engine,  # noqa: F811
+    twin,  # noqa: F811
+    monkeypatch,
+):
+    """The helper's every commit fails (its connection keeps conflicting); it gives up, leaves
+    the run to the caller's thread, which takes its batch up: the run completes, whole."""
+    ids = seed_both(engine, twin, rows())
+    real_commit = batch_run._commit_batch
+
+    def commit(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name.startswith(HELPER):
+            raise WriteConflict("deadlock detected (40P01); rolled back whole")
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(batch_run, "_commit_batch", commit)
+    planning_threads(monkeypatch, hook=lambda n: time.sleep(0.2 if n == "MainThread" else 0))
+    request = RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], PARALLEL))
+    run_id = start_run(engine, PARALLEL, request)
+    assert gc_engine.process_run(engine, run_id, PARALLEL) is True
+    assert run_status(engine, run_id) == ("completed", None)
+    assert batch_states(engine, run_id) == ["done"] * len(USERS)
+    monkeypatch.undo()
+    run(twin, SERIAL)
+    diff = state_diff(end_state(engine, ids), end_state(twin, ids))
+    assert not diff, "\n".join(diff)
+
+
+@pytest.mark.parametrize("how", ["run", "apply"])
+def test_both_participants_failing_fail_the_run(engine, monkeypatch, how):  # noqa: F811
+    """Each left the run to the other while it still took part; once both are out the run is
+    marked failed (it used to stay `running` with nobody working it)."""
+    seed(engine, rows())
+    plan_id = None
+    if how == "apply":
+        plan_id = gc_engine.run_once(
+            engine, PARALLEL, RunRequest(mode="dry_run", now=NOW, jobs=resolve_jobs([], PARALLEL))
+        )
+
+    def conflict(*a: Any, **k: Any) -> None:
+        time.sleep(0.05)  # both threads are inside a batch when the first gives up
+        raise WriteConflict("deadlock detected (40P01); rolled back whole")
+
+    monkeypatch.setattr(batch_run, "_commit_batch", conflict)
+    with pytest.raises((WriteConflict, DatabaseUnavailable)):
+        if plan_id is None:
+            gc_engine.run_once(
+                engine, PARALLEL, RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], PARALLEL))
+            )
+        else:
+            gc_engine.apply_plan(engine, plan_id)
+    with engine.connect() as conn:
+        run_id = conn.execute(
+            sa.text("SELECT id FROM gc_runs WHERE mode = 'apply' ORDER BY started_at DESC LIMIT 1")
+        ).scalar_one()
+    status, error = run_status(engine, run_id)
+    assert status == "failed" and "deadlock" in (error or ""), (status, error)
+    assert "done" not in batch_states(engine, run_id)
+    assert helpers_alive() == []
+
+
+def test_an_interrupt_stops_the_helpers_after_their_batch(engine, twin, monkeypatch):  # noqa: F811
+    """Ctrl-C (SIGTERM in a container) lands in the caller's thread, inside its first batch: that
+    batch rolls back, the helper finishes the batch it is in and stops, the interrupt is raised,
+    and the run stays `running` with its other batches pending — the next process takes it up
+    and ends where an undisturbed run ends."""
+    ids = seed_both(engine, twin, rows())
+
+    def hook(name: str) -> None:
+        if name == "MainThread":
+            raise KeyboardInterrupt
+        time.sleep(0.3)
+
+    planning_threads(monkeypatch, hook=hook)
+    request = RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], PARALLEL))
+    run_id = start_run(engine, PARALLEL, request)
+    with pytest.raises(KeyboardInterrupt):
+        gc_engine.process_run(engine, run_id, PARALLEL)
+    assert helpers_alive() == []
+    states = batch_states(engine, run_id)
+    assert 1 <= states.count("done") <= 2 and states.count("pending") >= len(USERS) - 2, states
+    assert run_status(engine, run_id)[0] == "running"
+    monkeypatch.undo()
+    assert gc_engine.process_run(engine, run_id, PARALLEL) is True
+    run(twin, SERIAL)
+    diff = state_diff(end_state(engine, ids), end_state(twin, ids))
+    assert not diff, "\n".join(diff)
+
+
+def test_the_model_budget_is_the_runs_not_each_threads(engine):  # noqa: F811
+    """`llm.max_calls_per_run` bounds the run: two threads asking at once spend one budget."""
+    seed(engine, [r for u in USERS for r in llm_rows(u)])
+    settings = Settings.model_validate(
+        LLM_SETTINGS.model_dump()
+        | {"run": {"batch_users": 1, "workers": 2}, "llm": {"max_calls_per_run": 3}}
+    )
+    model = FakeModel("good")
+    with fake_port(engine, settings, model) as llm:
+        report = run(engine, settings, llm=llm)
+    assert sum(model.calls.values()) == 3 and report["llm"]["calls"] == 3
+    with engine.connect() as conn:
+        deferred = build_report(conn, report["run_id"])["totals"]["by_action"].get("deferred", 0)
+    assert deferred > 0  # the rest waits for the next run, and says so
