@@ -24,7 +24,7 @@ from bench import BENCH_NOW
 from bench.generate import Scale
 from bench.runner import Cluster, Results, build_template, median_of, run_all
 from gc_worker import db
-from gc_worker.config import EmbeddingSettings, Settings
+from gc_worker.config import EmbeddingSettings, RunSettings, Settings
 
 QUICK = {"memories": 20_000, "users": 200}
 LABELS = {
@@ -64,6 +64,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="20,000 memories over 200 users")
     p.add_argument("--no-naive", action="store_true", help="skip the (slow) naive loop")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=Settings().run.workers,
+        help="memory-gc's run.workers: batches worked at once (default: the config default, "
+        f"{Settings().run.workers})",
+    )
     p.add_argument("--keep", action="store_true", help="keep the contenders' databases")
     p.add_argument(
         "--repeat",
@@ -85,6 +92,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.memories, args.users = QUICK["memories"], QUICK["users"]
     if not 0 < args.users <= args.memories:
         p.error("need 0 < --users <= --memories")
+    if not 1 <= args.workers <= 16:
+        p.error("--workers takes 1 to 16 (run.workers)")
     if any("=" not in pair for pair in args.pg_setting):
         p.error("--pg-setting takes NAME=VALUE, e.g. shared_buffers=2GB")
     return args
@@ -113,7 +122,8 @@ def print_results(results: Results, info: dict[str, Any]) -> list[str]:
     load = ", ".join(f"{x:.1f}" for x in info["load_average"])
     print(f"machine: {info['cpus']} CPUs ({info['cpu']}), {info['ram_gib']} GiB RAM, load average "
           f"{load} at the end; PostgreSQL {store['server_version']}")  # fmt: skip
-    print("server: " + ", ".join(f"{k} {v}" for k, v in store["settings"].items()) + "\n")
+    print("server: " + ", ".join(f"{k} {v}" for k, v in store["settings"].items()))
+    print(f"memory-gc: run.workers {info['workers']}, run.batch_users {info['batch_users']}\n")
     print(f"{'contender':<34}{'wall s':>9}{'rows changed':>14}{'rows/s':>10}{'peak RSS MiB':>14}")
     for name, label in LABELS.items():
         if name in m:
@@ -177,7 +187,10 @@ def to_json(results: Results, info: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     scale = Scale(args.memories, args.users, args.embedded_share, args.dim)
-    settings = Settings(embeddings=EmbeddingSettings(dim=args.dim))
+    settings = Settings(
+        embeddings=EmbeddingSettings(dim=args.dim),
+        run=RunSettings(workers=args.workers),
+    )
     cluster = Cluster(db.embedded_server(args.data_dir))
     cluster.configure(dict(pair.split("=", 1) for pair in args.pg_setting))
     started = time.perf_counter()
@@ -191,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                               keep=args.keep))  # fmt: skip
     mismatched = [name for r in rounds for name in r.mismatches()]
     results = median_of(rounds)
-    info = machine()
+    info = machine() | {"workers": args.workers, "batch_users": settings.run.batch_users}
     failed = print_results(results, info)
     if mismatched and not failed:
         failed = [f"end states differ in some round: {', '.join(sorted(set(mismatched)))}"]
