@@ -272,10 +272,19 @@ def unbounded(policy: Settings) -> Settings:
 
 def explained(earlier: list[dict], report: dict, policy: Settings) -> tuple[list, list]:
     """``report``'s changes split into those the earlier runs explain and the rest: purges of
-    rows they retired under a zero window, judgements of records they created, and
-    contradiction re-judging users whose rows a later job retired after it had judged them."""
+    rows they retired under a zero window, judgements of records they created,
+    contradiction re-judging users whose rows a later job retired after it had judged them, and
+    retirements of rows whose importance the model lowered (a lowered score decides from the
+    next run on: gc_worker.batch.BatchContext.record)."""
     last = earlier[-1]
     purgeable = zero_window_retired(earlier, policy)
+    lowered = {
+        a["memory_id"]
+        for r in earlier
+        for a in r["actions"]
+        if a["action"] == "set_importance"
+        and a["details"].get("importance", 0) < a["details"].get("previous", 0)
+    }
     created = {str(i) for r in earlier for i in applied(r, "create_merged")}
     moved = {
         a["user_id"]
@@ -288,6 +297,7 @@ def explained(earlier: list[dict], report: dict, policy: Settings) -> tuple[list
             (action["action"] == "hard_delete" and UUID(action["memory_id"]) in purgeable)
             or created & set(linked_ids(action))
             or (action["job"] == "contradiction" and action["user_id"] in moved)
+            or (action["action"] == "soft_delete" and action["memory_id"] in lowered)
         ):
             ok.append(action)
         else:
