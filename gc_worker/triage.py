@@ -85,6 +85,7 @@ def scan(
         " GROUP BY user_id"
     )
     found = Scan({name: set() for name in names}, {name: {} for name in picking})
+    conn.execute(q("scan_settings"))
     for row in conn.execute(sa.text(statement), params).mappings():
         for name in judging:
             if row[name]:

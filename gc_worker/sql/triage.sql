@@ -4,6 +4,14 @@
 -- it picks) has work for that user. Binds are the job's, prefixed `<job>__`.
 -- tests/test_properties.py checks that a run with the scan plans exactly what one without does.
 
+-- scan_settings --
+-- For the rest of the run-start transaction: the scan's grouping by hash, not by sorting a
+-- million rows (external merge) first. The planner takes the aggregates' states for large and
+-- plans the hash table in spilled partitions under the default work_mem; its real use is small
+-- (about 1.3 MB at 10k users; bounded by work_mem × hash_mem_multiplier with many more users).
+-- Measured at 1M rows / 10k users on 2 cores: 1.0 s by sort, 0.75–0.83 s by hash.
+SELECT set_config('work_mem', '64MB', true), set_config('enable_sort', 'off', true)
+
 -- work_ttl_expiry --
 -- ttl_expiry_candidates.
 bool_or(status = 'active' AND NOT pinned AND expires_at <= :now)
