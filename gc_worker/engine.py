@@ -310,26 +310,37 @@ def _work_parallel(
                 on_batch(n)
 
     outcomes: list[bool | BaseException] = []
+    # a helper says it is done with an Event, not only by ending: an interrupted Thread.join()
+    # marks a thread that still runs as stopped, and the next join() would not wait for it
+    finished = [threading.Event() for _ in range(helpers)]
 
-    def helper() -> None:
+    def helper(done: threading.Event) -> None:
+        outcome: bool | BaseException = False
         try:
             with participating(engine, run_id):
-                outcome: bool | BaseException = _work_run(
-                    engine, run_id, settings, llm, batch_done, stopping
-                )
+                outcome = _work_run(engine, run_id, settings, llm, batch_done, stopping)
         except BaseException as exc:  # handed to the caller's thread, raised there
             outcome = exc
-        outcomes.append(outcome)
+        finally:
+            outcomes.append(outcome)
+            done.set()
 
     threads = [
         threading.Thread(  # each with the caller's log context (a sweep's user_id)
             target=contextvars.copy_context().run,
-            args=(helper,),
+            args=(helper, done),
             daemon=True,
             name=f"memory-gc-run-{i + 1}",
         )
-        for i in range(helpers)
+        for i, done in enumerate(finished)
     ]
+
+    def wait_for_helpers() -> None:
+        for done in finished:
+            done.wait()
+        for thread in threads:  # past their work: at once
+            thread.join()
+
     for thread in threads:
         thread.start()
     try:
@@ -341,8 +352,12 @@ def _work_parallel(
         mine = exc
     if isinstance(mine, BaseException) and not isinstance(mine, Exception):
         stop.set()  # interrupted: the helpers finish their batch and stop
-    for thread in threads:
-        thread.join()
+    try:
+        wait_for_helpers()
+    except BaseException:  # interrupted while waiting for them: the same
+        stop.set()
+        wait_for_helpers()
+        raise
     everyone = [mine, *outcomes]
     errors = [o for o in everyone if isinstance(o, Exception) and not isinstance(o, RunFailed)]
     if errors and not any(o is True or isinstance(o, RunFailed) for o in everyone):

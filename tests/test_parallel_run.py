@@ -9,6 +9,7 @@ the run resumable; the model budget is the run's, not each thread's.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from typing import Any
@@ -216,3 +217,31 @@ def test_the_model_budget_is_the_runs_not_each_threads(engine):  # noqa: F811
     with engine.connect() as conn:
         deferred = build_report(conn, report["run_id"])["totals"]["by_action"].get("deferred", 0)
     assert deferred > 0  # the rest waits for the next run, and says so
+
+
+def test_an_interrupt_while_waiting_for_the_helpers_stops_them_too(engine, monkeypatch):  # noqa: F811
+    """The caller's thread ran out of batches and waits for a helper's slow one when SIGINT
+    lands: the helper still finishes its batch and stops before the interrupt is raised (it
+    used to be left running, to die with the process mid-transaction)."""
+    seed(engine, rows()[: 4 * len(lifecycle_rows("x"))])  # four users, four batches
+    planning_threads(monkeypatch, hook=lambda n: time.sleep(3.0 if n.startswith(HELPER) else 0))
+    request = RunRequest(mode="apply", now=NOW, jobs=("ttl_expiry",))
+    run_id = start_run(engine, PARALLEL, request)
+    main = threading.main_thread().ident
+
+    def interrupt_once_the_caller_waits() -> None:  # its three batches done, the helper's not
+        deadline = time.monotonic() + 30
+        while batch_states(engine, run_id).count("done") < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # into join()
+        signal.pthread_kill(main, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_once_the_caller_waits, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            gc_engine.process_run(engine, run_id, PARALLEL)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert helpers_alive() == []
+    assert batch_states(engine, run_id) == ["done"] * 4  # the helper's batch was finished
