@@ -92,8 +92,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.memories, args.users = QUICK["memories"], QUICK["users"]
     if not 0 < args.users <= args.memories:
         p.error("need 0 < --users <= --memories")
-    if not 1 <= args.workers <= 16:
-        p.error("--workers takes 1 to 16 (run.workers)")
+    if not 1 <= args.workers <= 8:
+        p.error("--workers takes 1 to 8 (run.workers)")
     if any("=" not in pair for pair in args.pg_setting):
         p.error("--pg-setting takes NAME=VALUE, e.g. shared_buffers=2GB")
     return args

@@ -119,8 +119,9 @@ def _process(engine: Any, run_id: Any, ctx: Context, settings: Any = None) -> Ru
     with progress(total) as bar:
         try:
             gc_engine.process_run(
-                engine, run_id, settings or ctx.settings, llm=ctx.llm(), on_batch=bar.update
-            )
+                engine, run_id, settings or ctx.settings, llm=ctx.llm(), on_batch=bar.update,
+                workers=ctx.settings.run.workers,  # this process's, not the plan's
+            )  # fmt: skip
         except RunFailed as exc:
             with engine.connect() as conn:
                 if gc_engine.load_run(conn, run_id)["status"] != "failed":

@@ -48,7 +48,7 @@ class JobSection(Section):
 
 class RunSettings(Section):
     batch_users: int = Field(500, ge=1, le=100_000)
-    workers: int = Field(2, ge=1, le=16)
+    workers: int = Field(2, ge=1, le=8)
     lease_seconds: int = Field(300, ge=10, le=86_400)
     max_actions_per_statement: int = Field(10_000, ge=100, le=1_000_000)
     skip_idle_users: bool = True

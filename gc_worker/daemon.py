@@ -289,6 +289,7 @@ class Daemon:
                 done = process_run(
                     self.engine, run_id, settings_of(run), llm=llm,
                     should_stop=self._stop_check(on_progress), participate=False,
+                    workers=self.settings.run.workers,  # this daemon's, not the plan's
                     on_batch=lambda _: self._batch_committed(run_id, run["trigger"], on_progress),
                 )  # fmt: skip
             except Exception:

@@ -115,9 +115,14 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         kwargs["connect_args"] = named | kwargs.get("connect_args", {})
     # a failed statement's message would otherwise quote its parameters (memory text, a
     # model's merged text) into gc_runs.error, sweep requests and logs, beyond any erasure
-    # a participant of a run holds three sessions (participation, claim, batch); the daemon's
-    # units (nightly, upkeep, sweeps) each run with up to run.workers participants
-    kwargs.setdefault("max_overflow", 40)
+    # a participant of a run holds three sessions (participation, claim, batch) at once and
+    # waits for none of them to come back: a bounded pool could leave every participant
+    # holding some while waiting for the rest. The number open is bounded by the work itself
+    # (3 units x run.workers x 3 + a few, docs/operations.md) and by the server's
+    # max_connections, whose refusal is a clear error
+    if url.startswith("postgresql"):
+        kwargs.setdefault("max_overflow", -1)
+        kwargs.setdefault("pool_size", 10)  # kept open: a run's 2 x 3 sessions, the daemon's LISTEN
     try:
         engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True, **kwargs)
     except (sa.exc.ArgumentError, ImportError, ValueError) as exc:  # not a URL (or its port);
@@ -180,6 +185,8 @@ def translated_errors() -> Iterator[None]:
     """Driver failures as WriteConflict (another writer; safe to retry) or DatabaseUnavailable."""
     try:
         yield
+    except sa.exc.TimeoutError as exc:  # the pool gave no connection in time: not the batch's
+        raise DatabaseUnavailable(f"no database connection to be had: {exc}") from None
     except sa.exc.OperationalError as exc:
         if _is_conflict(exc.orig):
             raise WriteConflict(

@@ -248,12 +248,14 @@ def process_run(
     on_batch: Callable[[int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     participate: bool = True,
+    workers: int | None = None,
 ) -> bool:
     """Work through the run's pending batches; True when this call completed the run
     (RunFailed when it closed it as failed: some batches failed, the others were done).
 
-    Up to ``run.workers`` batches are worked at once: the calling thread and helper threads,
-    each a participant of its own, as replicas sharing a run are (gc_worker.claims). The model
+    Up to ``workers`` batches are worked at once (this process's ``run.workers``; default:
+    ``settings``'): the calling thread and helper threads, each a participant of its own, as
+    replicas sharing a run are (gc_worker.claims). The model
     budget is the run's, shared. ``should_stop`` is asked between batches (SIGTERM: finish the
     current batch, then return), and between users while a batch is planned before its
     transaction (the batch is given up: nothing of it is written yet, and waiting for the model
@@ -262,7 +264,7 @@ def process_run(
     """
     if llm is not None:
         llm.begin_run()
-    helpers = _helpers_wanted(engine, run_id, settings)
+    helpers = _helpers_wanted(engine, run_id, settings.run.workers if workers is None else workers)
     if helpers == 0:
         with participating(engine, run_id) if participate else contextlib.nullcontext():
             return _work_run(engine, run_id, settings, llm, on_batch, should_stop)
@@ -272,14 +274,14 @@ def process_run(
     )  # fmt: skip
 
 
-def _helpers_wanted(engine: Engine, run_id: UUID, settings: Settings) -> int:
+def _helpers_wanted(engine: Engine, run_id: UUID, workers: int) -> int:
     """Helper threads worth starting: one fewer than the workers, no more than the batches
     left besides the caller's first (a one-user sweep starts none)."""
-    if settings.run.workers <= 1:
+    if workers <= 1:
         return 0
     with engine.connect() as conn:
         pending = _pending(conn, run_id)
-    return max(0, min(settings.run.workers, pending) - 1)
+    return max(0, min(workers, pending) - 1)
 
 
 def _work_parallel(
@@ -312,7 +314,7 @@ def _work_parallel(
     outcomes: list[bool | BaseException] = []
     # a helper says it is done with an Event, not only by ending: an interrupted Thread.join()
     # marks a thread that still runs as stopped, and the next join() would not wait for it
-    finished = [threading.Event() for _ in range(helpers)]
+    started: list[tuple[threading.Thread, threading.Event]] = []
 
     def helper(done: threading.Event) -> None:
         outcome: bool | BaseException = False
@@ -325,26 +327,25 @@ def _work_parallel(
             outcomes.append(outcome)
             done.set()
 
-    threads = [
-        threading.Thread(  # each with the caller's log context (a sweep's user_id)
-            target=contextvars.copy_context().run,
-            args=(helper, done),
-            daemon=True,
-            name=f"memory-gc-run-{i + 1}",
-        )
-        for i, done in enumerate(finished)
-    ]
+    def start_helpers() -> None:
+        for i in range(helpers):
+            done = threading.Event()
+            thread = threading.Thread(  # with the caller's log context (a sweep's user_id)
+                target=contextvars.copy_context().run, args=(helper, done), daemon=True,
+                name=f"memory-gc-run-{i + 1}",
+            )  # fmt: skip
+            thread.start()
+            started.append((thread, done))
 
     def wait_for_helpers() -> None:
-        for done in finished:
+        for _, done in started:
             done.wait()
-        for thread in threads:  # past their work: at once
+        for thread, _ in started:  # past their work: at once
             thread.join()
 
-    for thread in threads:
-        thread.start()
-    try:
+    try:  # the caller participates first: a helper failing at once is then not alone
         with participating(engine, run_id) if participate else contextlib.nullcontext():
+            start_helpers()
             mine: bool | BaseException = _work_run(
                 engine, run_id, settings, llm, batch_done, stopping
             )
@@ -359,11 +360,12 @@ def _work_parallel(
         wait_for_helpers()
         raise
     everyone = [mine, *outcomes]
-    errors = [o for o in everyone if isinstance(o, Exception) and not isinstance(o, RunFailed)]
-    if errors and not any(o is True or isinstance(o, RunFailed) for o in everyone):
-        # each failed while the other still took part, and left the run to it: now alone
+    failures = [o for o in everyone if isinstance(o, Exception) and not isinstance(o, RunFailed)]
+    if len(failures) == len(everyone) and not stopping():
+        # each failed while another still took part, and left the run to it: none is left.
+        # (One that stopped or was interrupted leaves the run resumable, as a replica would.)
         with contextlib.suppress(Exception):  # the database may be the trouble; say the first
-            _fail(engine, run_id, errors[0])
+            _fail(engine, run_id, failures[0])
     return _outcome(everyone)
 
 
@@ -500,10 +502,12 @@ def apply_plan(
     *,
     llm: Any = None,
     on_batch: Callable[[int], None] | None = None,
+    workers: int | None = None,
 ) -> UUID:
-    """Apply a stored dry-run plan exactly, with the settings it was planned with."""
+    """Apply a stored dry-run plan exactly, with the settings it was planned with (but
+    ``workers`` batches at once, default the plan's run.workers)."""
     with applying(engine, plan_run_id) as run_id:
         with engine.connect() as conn:
             settings = settings_of(load_run(conn, run_id))
-        process_run(engine, run_id, settings, llm=llm, on_batch=on_batch)
+        process_run(engine, run_id, settings, llm=llm, on_batch=on_batch, workers=workers)
     return run_id

@@ -245,3 +245,102 @@ def test_an_interrupt_while_waiting_for_the_helpers_stops_them_too(engine, monke
         signal.signal(signal.SIGINT, previous)
     assert helpers_alive() == []
     assert batch_states(engine, run_id) == ["done"] * 4  # the helper's batch was finished
+
+
+def helper_loses_the_database(monkeypatch) -> None:
+    real_commit = batch_run._commit_batch
+
+    def commit(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name != "MainThread":
+            raise DatabaseUnavailable("the helper's connection was lost")
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(batch_run, "_commit_batch", commit)
+
+
+def test_a_stop_after_a_helper_failed_leaves_the_run_resumable(engine, monkeypatch):  # noqa: F811
+    """The helper loses the database and leaves the run to the caller's thread; then the daemon
+    is asked to stop: the caller finishes its batch and stops. Nobody failed the run *last*: it
+    stays `running`, its other batches pending, for the next upkeep (it was marked failed: some
+    participant had an error and nobody completed it). Found by a review."""
+    seed(engine, rows())
+    stop = threading.Event()
+
+    def hook(name: str) -> None:
+        if name == "MainThread":
+            time.sleep(0.3)  # the helper has failed by now
+            stop.set()
+
+    helper_loses_the_database(monkeypatch)
+    planning_threads(monkeypatch, hook=hook)
+    request = RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], PARALLEL))
+    run_id = start_run(engine, PARALLEL, request)
+    with pytest.raises(DatabaseUnavailable):  # the caller is told what happened to the helper
+        gc_engine.process_run(engine, run_id, PARALLEL, should_stop=stop.is_set)
+    states = batch_states(engine, run_id)
+    assert states.count("done") == 1 and states.count("pending") == len(USERS) - 1, states
+    assert run_status(engine, run_id) == ("running", None)
+
+
+def test_an_interrupt_after_a_helper_failed_leaves_the_run_resumable(engine, monkeypatch):  # noqa: F811
+    seed(engine, rows())
+
+    def hook(name: str) -> None:
+        if name == "MainThread":
+            time.sleep(0.3)
+            raise KeyboardInterrupt
+
+    helper_loses_the_database(monkeypatch)
+    planning_threads(monkeypatch, hook=hook)
+    request = RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], PARALLEL))
+    run_id = start_run(engine, PARALLEL, request)
+    with pytest.raises(KeyboardInterrupt):
+        gc_engine.process_run(engine, run_id, PARALLEL)
+    assert batch_states(engine, run_id) == ["pending"] * len(USERS)
+    assert run_status(engine, run_id) == ("running", None)
+
+
+def test_apply_works_with_this_processs_workers_not_the_plans(cli_env, monkeypatch):
+    """`MEMORY_GC_RUN__WORKERS=1 memory-gc apply PLAN` uses one thread although the plan was
+    made with two (it read the plan's stored settings, as every older plan would: default 2)."""
+    from gc_worker import db
+    from gc_worker.cli import main
+
+    cli_engine = db.make_engine(cli_env)
+    seed(cli_engine, rows())
+    plan_id = gc_engine.run_once(
+        cli_engine, PARALLEL, RunRequest(mode="dry_run", now=NOW, jobs=resolve_jobs([], PARALLEL))
+    )
+    cli_engine.dispose()
+    seen: list[str] = []  # the threads that work the apply run (an apply plans nothing)
+    real = gc_engine._work_run
+
+    def work_run(*args: Any, **kwargs: Any) -> Any:
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    monkeypatch.setenv("MEMORY_GC_RUN__WORKERS", "1")
+    assert main(["apply", str(plan_id)]) == 0
+    assert seen == ["MainThread"], seen
+
+
+def test_a_pool_timeout_is_the_database_not_the_batch():
+    """A pool that gives no connection in time is database trouble (the run stops, resumable),
+    not a failure of the batch's users (failed for good)."""
+    from gc_worker.db import translated_errors
+
+    with (
+        pytest.raises(DatabaseUnavailable, match="no database connection"),
+        translated_errors(),
+    ):
+        raise sa.exc.TimeoutError("QueuePool limit of size 5 overflow 40 reached")
+
+
+def test_a_sqlite_url_is_still_a_configuration_error():
+    """The pool setting for PostgreSQL must not turn a wrong URL into a traceback."""
+    from gc_worker import db
+    from gc_worker.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sqlite"):
+        db.make_engine("sqlite://")
