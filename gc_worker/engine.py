@@ -35,7 +35,7 @@ from gc_worker import audit, claims, erasure, triage
 from gc_worker.batch_run import process_next_batch
 from gc_worker.claims import participating
 from gc_worker.config import Settings
-from gc_worker.db import describe_error, retrying, transaction
+from gc_worker.db import describe_error, retrying, transaction, translated_errors
 from gc_worker.errors import NotFoundError, RunFailed, UsageError
 from gc_worker.queries import q
 
@@ -279,7 +279,7 @@ def _helpers_wanted(engine: Engine, run_id: UUID, workers: int) -> int:
     left besides the caller's first (a one-user sweep starts none)."""
     if workers <= 1:
         return 0
-    with engine.connect() as conn:
+    with translated_errors(), engine.connect() as conn:
         pending = _pending(conn, run_id)
     return max(0, min(workers, pending) - 1)
 
@@ -361,9 +361,11 @@ def _work_parallel(
         raise
     everyone = [mine, *outcomes]
     failures = [o for o in everyone if isinstance(o, Exception) and not isinstance(o, RunFailed)]
-    if len(failures) == len(everyone) and not stopping():
-        # each failed while another still took part, and left the run to it: none is left.
-        # (One that stopped or was interrupted leaves the run resumable, as a replica would.)
+    if failures and not any(o is True for o in everyone) and not stopping():
+        # a participant failed while another still took part (if only waiting for the helpers,
+        # its batches done) and left the run to it; nobody took its batch up. Failed now unless
+        # another process works the run. (Stopped or interrupted: left resumable, as a replica
+        # would leave it.)
         with contextlib.suppress(Exception):  # the database may be the trouble; say the first
             _fail(engine, run_id, failures[0])
     return _outcome(everyone)

@@ -344,3 +344,93 @@ def test_a_sqlite_url_is_still_a_configuration_error():
 
     with pytest.raises(ConfigError, match="sqlite"):
         db.make_engine("sqlite://")
+
+
+TWO_USERS = ("user-a", "user-b")  # two batches: one for the caller's thread, one for a helper
+
+
+def two_batch_settings(workers: int) -> Settings:
+    return Settings.model_validate(
+        {"embeddings": {"dim": 8}, "run": {"batch_users": 1, "workers": workers}}
+    )
+
+
+def helper_fails_after_the_caller_ran_out(monkeypatch) -> None:
+    """The caller's thread commits its batch (after 0.3 s, so the helper has claimed the other
+    one), finds nothing left to claim and waits; then the helper loses the database."""
+    real_commit = batch_run._commit_batch
+    committed = threading.Event()
+
+    def commit(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name.startswith(HELPER):
+            assert committed.wait(30)
+            time.sleep(0.5)  # the caller's thread found nothing to claim, and waits
+            raise DatabaseUnavailable("the helper's connection was lost")
+        time.sleep(0.3)
+        try:
+            return real_commit(*args, **kwargs)
+        finally:
+            committed.set()
+
+    monkeypatch.setattr(batch_run, "_commit_batch", commit)
+
+
+def second_commit_fails(monkeypatch) -> None:
+    real_commit = batch_run._commit_batch
+    calls = {"n": 0}
+
+    def commit(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise DatabaseUnavailable("the helper's connection was lost")
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(batch_run, "_commit_batch", commit)
+
+
+def work_two_batches(how: str, engine, workers: int, inject) -> Any:  # noqa: F811
+    """Work a two-batch run as the daemon or `memory-gc apply` does (both hold a participation
+    of their own around process_run), the fault injected once the run (or plan) is made."""
+    from gc_worker.daemon import Daemon
+
+    settings = two_batch_settings(workers)
+    jobs = resolve_jobs([], settings)
+    if how == "daemon":
+        run_id = start_run(engine, settings, RunRequest(mode="apply", now=NOW, jobs=jobs))
+        inject()
+        daemon = Daemon(engine, settings)
+        try:
+            with pytest.raises(DatabaseUnavailable):
+                daemon.work(run_id)
+        finally:
+            daemon.close()
+        return run_id
+    plan_id = gc_engine.run_once(engine, settings, RunRequest(mode="dry_run", now=NOW, jobs=jobs))
+    inject()
+    with pytest.raises(DatabaseUnavailable):
+        gc_engine.apply_plan(engine, plan_id, workers=workers)
+    with engine.connect() as conn:
+        return conn.exec_driver_sql(
+            "SELECT applied_by FROM gc_runs WHERE id = %(p)s", {"p": plan_id}
+        ).scalar_one()
+
+
+@pytest.mark.parametrize("how", ["daemon", "apply"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failure_after_the_others_ran_out_fails_the_run(engine, monkeypatch, how, workers):  # noqa: F811
+    """The last batch loses the database. One worker: the run is failed. Two, the helper's
+    batch failing while the caller's thread, its own batch done, only waits: the helper left
+    the run to the caller (its participation is held around the whole call by the daemon and
+    by `applying`), nobody took the batch up — the run must be failed too, not left `running`
+    with nobody on it. Found by a second review."""
+    seed(engine, [r for u in TWO_USERS for r in lifecycle_rows(u)])
+    inject = (
+        (lambda: second_commit_fails(monkeypatch))
+        if workers == 1
+        else (lambda: helper_fails_after_the_caller_ran_out(monkeypatch))
+    )
+    run_id = work_two_batches(how, engine, workers, inject)
+    assert helpers_alive() == []
+    assert sorted(batch_states(engine, run_id)) == ["done", "pending"]
+    status, error = run_status(engine, run_id)
+    assert status == "failed" and "connection was lost" in (error or ""), (status, error)
