@@ -298,8 +298,9 @@ def _work_parallel(
     """The caller and ``helpers`` threads work the run side by side. Each helper participates
     on a session of its own, so one that loses the database leaves the run to the others (as a
     replica would). The caller's interrupt (Ctrl-C, SIGTERM) stops the helpers after their
-    current batch. Outcome: completed if any of them closed the run (RunFailed if it closed
-    failed); otherwise the first error, an interrupt first; otherwise False (stopped)."""
+    current batch. Outcome: completed if any of them closed the run, even if the caller was
+    interrupted meanwhile; otherwise an interrupt; RunFailed if one closed it failed; otherwise
+    the first error; otherwise False (stopped)."""
     stop = threading.Event()
     reported = threading.Lock()
 
@@ -353,13 +354,14 @@ def _work_parallel(
         mine = exc
     if isinstance(mine, BaseException) and not isinstance(mine, Exception):
         stop.set()  # interrupted: the helpers finish their batch and stop
+    interrupted: list[BaseException] = []
     try:
         wait_for_helpers()
-    except BaseException:  # interrupted while waiting for them: the same
+    except BaseException as exc:  # interrupted while waiting for them: the same
         stop.set()
         wait_for_helpers()
-        raise
-    everyone = [mine, *outcomes]
+        interrupted.append(exc)
+    everyone = [mine, *outcomes, *interrupted]
     failures = [o for o in everyone if isinstance(o, Exception) and not isinstance(o, RunFailed)]
     if failures and not any(o is True for o in everyone) and not stopping():
         # a participant failed while another still took part (if only waiting for the helpers,
@@ -372,12 +374,14 @@ def _work_parallel(
 
 
 def _outcome(outcomes: list[bool | BaseException]) -> bool:
-    errors = [o for o in outcomes if isinstance(o, BaseException)]
-    interrupts = [e for e in errors if not isinstance(e, Exception)]
-    if interrupts:  # Ctrl-C / SIGTERM: the process stops, whatever the others did
-        raise interrupts[0]
+    # a helper's last batch completed the run while the caller was interrupted: the run is
+    # done, and the caller (the CLI) reports it as done rather than as interrupted
     if any(o is True for o in outcomes):
         return True
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    interrupts = [e for e in errors if not isinstance(e, Exception)]
+    if interrupts:  # Ctrl-C / SIGTERM: the process stops
+        raise interrupts[0]
     closed_failed = [e for e in errors if isinstance(e, RunFailed)]
     if closed_failed or errors:
         raise (closed_failed or errors)[0]

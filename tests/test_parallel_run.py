@@ -239,12 +239,57 @@ def test_an_interrupt_while_waiting_for_the_helpers_stops_them_too(engine, monke
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         threading.Thread(target=interrupt_once_the_caller_waits, daemon=True).start()
-        with pytest.raises(KeyboardInterrupt):
-            gc_engine.process_run(engine, run_id, PARALLEL)
+        completed = gc_engine.process_run(engine, run_id, PARALLEL)
     finally:
         signal.signal(signal.SIGINT, previous)
     assert helpers_alive() == []
     assert batch_states(engine, run_id) == ["done"] * 4  # the helper's batch was finished
+    # ... and it was the last: the helper completed the run, which is what the caller reports
+    assert completed is True and run_status(engine, run_id) == ("completed", None)
+
+
+def test_a_run_a_helper_completed_during_ctrl_c_gets_its_summary_and_report(
+    cli_env, monkeypatch, tmp_path, capsys
+):
+    """`memory-gc run --report`: Ctrl-C while the caller waits for the helper's last batch; the
+    helper completes the run. The command reports the completed run (it printed "interrupted",
+    exit 1, no summary, no report, for a run stored as completed). Found by a third review."""
+    from gc_worker import db
+    from gc_worker.cli import main
+
+    cli_engine = db.make_engine(cli_env)
+    seed(cli_engine, [r for u in ("user-a", "user-b") for r in lifecycle_rows(u)])
+    monkeypatch.setenv("MEMORY_GC_RUN__BATCH_USERS", "1")
+    planning_threads(monkeypatch, hook=lambda n: time.sleep(3.0 if n.startswith(HELPER) else 0))
+    main_ident = threading.main_thread().ident
+
+    def done_batches() -> int:
+        with cli_engine.connect() as conn:
+            return conn.execute(
+                sa.text("SELECT count(*) FROM gc_run_batches WHERE state = 'done'")
+            ).scalar_one()
+
+    def interrupt_once_the_caller_waits() -> None:
+        deadline = time.monotonic() + 30
+        while done_batches() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the caller found nothing left to claim and waits for the helper
+        signal.pthread_kill(main_ident, signal.SIGINT)
+
+    report = tmp_path / "r.json"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_once_the_caller_waits, daemon=True).start()
+        code = main(["run", "--job", "ttl_expiry", "--report", str(report)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, err = capsys.readouterr()
+    assert helpers_alive() == []
+    with cli_engine.connect() as conn:
+        status = conn.execute(sa.text("SELECT status FROM gc_runs")).scalar_one()
+    cli_engine.dispose()
+    assert status == "completed"  # the helper closed it
+    assert (code, report.exists(), "completed" in out) == (0, True, True), (code, out, err)
 
 
 def helper_loses_the_database(monkeypatch) -> None:
