@@ -113,8 +113,6 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("postgresql") and not names_itself("application_name" in url):
         named = {"application_name": APPLICATION_NAME}
         kwargs["connect_args"] = named | kwargs.get("connect_args", {})
-    # a failed statement's message would otherwise quote its parameters (memory text, a
-    # model's merged text) into gc_runs.error, sweep requests and logs, beyond any erasure
     # a participant of a run holds three sessions (participation, claim, batch) at once and
     # waits for none of them to come back: a bounded pool could leave every participant
     # holding some while waiting for the rest. The number open is bounded by the work itself
@@ -123,6 +121,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("postgresql"):
         kwargs.setdefault("max_overflow", -1)
         kwargs.setdefault("pool_size", 10)  # kept open: a run's 2 x 3 sessions, the daemon's LISTEN
+    # a failed statement's message would otherwise quote its parameters (memory text, a
+    # model's merged text) into gc_runs.error, sweep requests and logs, beyond any erasure
     try:
         engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=True, **kwargs)
     except (sa.exc.ArgumentError, ImportError, ValueError) as exc:  # not a URL (or its port);

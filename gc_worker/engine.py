@@ -379,13 +379,11 @@ def _outcome(outcomes: list[bool | BaseException]) -> bool:
     if any(o is True for o in outcomes):
         return True
     errors = [o for o in outcomes if isinstance(o, BaseException)]
-    interrupts = [e for e in errors if not isinstance(e, Exception)]
-    if interrupts:  # Ctrl-C / SIGTERM: the process stops
-        raise interrupts[0]
-    closed_failed = [e for e in errors if isinstance(e, RunFailed)]
-    if closed_failed or errors:
-        raise (closed_failed or errors)[0]
-    return False
+    if not errors:
+        return False  # stopped
+    interrupt = next((e for e in errors if not isinstance(e, Exception)), None)  # Ctrl-C, SIGTERM
+    closed_failed = next((e for e in errors if isinstance(e, RunFailed)), None)
+    raise interrupt or closed_failed or errors[0]
 
 
 def _work_run(
