@@ -479,3 +479,50 @@ def test_a_failure_after_the_others_ran_out_fails_the_run(engine, monkeypatch, h
     assert sorted(batch_states(engine, run_id)) == ["done", "pending"]
     status, error = run_status(engine, run_id)
     assert status == "failed" and "connection was lost" in (error or ""), (status, error)
+
+
+@pytest.mark.parametrize(("workers", "threads"), [("1", 1), ("8", len(USERS))])
+def test_run_workers_at_its_bounds(cli_env, monkeypatch, workers, threads):
+    """`run.workers` 1 and 8 are accepted; the threads are never more than the batches (8
+    workers, six one-user batches: the caller and five helpers)."""
+    from gc_worker import db
+    from gc_worker.cli import main
+
+    cli_engine = db.make_engine(cli_env)
+    seed(cli_engine, rows())
+    seen: list[str] = []
+    real = gc_engine._work_run
+
+    def work_run(*args: Any, **kwargs: Any) -> Any:
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    monkeypatch.setenv("MEMORY_GC_RUN__BATCH_USERS", "1")
+    monkeypatch.setenv("MEMORY_GC_RUN__WORKERS", workers)
+    assert main(["run", "--job", "ttl_expiry"]) == 0
+    assert len(set(seen)) == threads, seen
+    assert batch_states(cli_engine, _only_run(cli_engine)) == ["done"] * len(USERS)
+    cli_engine.dispose()
+
+
+@pytest.mark.parametrize("workers", ["0", "9"])
+def test_run_workers_outside_its_bounds_is_refused(cli_env, monkeypatch, capsys, workers):
+    """0 or 9: exit 2 naming the setting and its range; no run is started."""
+    from gc_worker import db
+    from gc_worker.cli import main
+
+    cli_engine = db.make_engine(cli_env)
+    seed(cli_engine, rows())
+    monkeypatch.setenv("MEMORY_GC_RUN__WORKERS", workers)
+    assert main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert "MEMORY_GC_RUN__WORKERS" in err and ">= 1 and <= 8" in err, err
+    with cli_engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM gc_runs")).scalar_one() == 0
+    cli_engine.dispose()
+
+
+def _only_run(engine_: sa.Engine) -> Any:
+    with engine_.connect() as conn:
+        return conn.execute(sa.text("SELECT id FROM gc_runs")).scalar_one()
