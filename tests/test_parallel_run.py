@@ -95,7 +95,16 @@ def test_two_workers_end_where_one_ends(engine, twin, monkeypatch):  # noqa: F81
     """Both threads work batches (they overlap), every batch is done once, and the store, the
     actions and the audit end as a single worker leaves them on an identical copy."""
     ids = seed_both(engine, twin, rows())
-    seen = planning_threads(monkeypatch, hook=lambda _: time.sleep(0.05))
+    helper_started = threading.Event()
+
+    def hook(name: str) -> None:
+        if name == "MainThread":
+            assert helper_started.wait(30)  # a loaded machine may start the helper late
+        else:
+            helper_started.set()
+        time.sleep(0.05)
+
+    seen = planning_threads(monkeypatch, hook=hook)
     report = run(engine, PARALLEL)
     assert len(seen) == len(USERS) and {"MainThread", f"{HELPER}1"} <= set(seen), seen
     assert batch_states(engine, report["run_id"]) == ["done"] * len(USERS)
@@ -181,10 +190,13 @@ def test_an_interrupt_stops_the_helpers_after_their_batch(engine, twin, monkeypa
     and the run stays `running` with its other batches pending — the next process takes it up
     and ends where an undisturbed run ends."""
     ids = seed_both(engine, twin, rows())
+    helper_in_batch = threading.Event()
 
     def hook(name: str) -> None:
         if name == "MainThread":
+            assert helper_in_batch.wait(30)  # a loaded machine may start the helper late
             raise KeyboardInterrupt
+        helper_in_batch.set()
         time.sleep(0.3)
 
     planning_threads(monkeypatch, hook=hook)
@@ -292,15 +304,27 @@ def test_a_run_a_helper_completed_during_ctrl_c_gets_its_summary_and_report(
     assert (code, report.exists(), "completed" in out) == (0, True, True), (code, out, err)
 
 
-def helper_loses_the_database(monkeypatch) -> None:
-    real_commit = batch_run._commit_batch
+def helper_loses_the_database(monkeypatch) -> threading.Event:
+    """The helper's commit fails; the Event is set once the helper has left the run (to the
+    caller's thread, which still takes part)."""
+    real_commit, real_work = batch_run._commit_batch, gc_engine._work_run
+    failed = threading.Event()
 
     def commit(*args: Any, **kwargs: Any) -> Any:
         if threading.current_thread().name != "MainThread":
             raise DatabaseUnavailable("the helper's connection was lost")
         return real_commit(*args, **kwargs)
 
+    def work_run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_work(*args, **kwargs)
+        finally:
+            if threading.current_thread().name != "MainThread":
+                failed.set()
+
     monkeypatch.setattr(batch_run, "_commit_batch", commit)
+    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    return failed
 
 
 def test_a_stop_after_a_helper_failed_leaves_the_run_resumable(engine, monkeypatch):  # noqa: F811
@@ -313,10 +337,10 @@ def test_a_stop_after_a_helper_failed_leaves_the_run_resumable(engine, monkeypat
 
     def hook(name: str) -> None:
         if name == "MainThread":
-            time.sleep(0.3)  # the helper has failed by now
+            assert failed.wait(30)  # the helper has failed
             stop.set()
 
-    helper_loses_the_database(monkeypatch)
+    failed = helper_loses_the_database(monkeypatch)
     planning_threads(monkeypatch, hook=hook)
     request = RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], PARALLEL))
     run_id = start_run(engine, PARALLEL, request)
@@ -332,10 +356,10 @@ def test_an_interrupt_after_a_helper_failed_leaves_the_run_resumable(engine, mon
 
     def hook(name: str) -> None:
         if name == "MainThread":
-            time.sleep(0.3)
+            assert failed.wait(30)
             raise KeyboardInterrupt
 
-    helper_loses_the_database(monkeypatch)
+    failed = helper_loses_the_database(monkeypatch)
     planning_threads(monkeypatch, hook=hook)
     request = RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], PARALLEL))
     run_id = start_run(engine, PARALLEL, request)
@@ -401,23 +425,28 @@ def two_batch_settings(workers: int) -> Settings:
 
 
 def helper_fails_after_the_caller_ran_out(monkeypatch) -> None:
-    """The caller's thread commits its batch (after 0.3 s, so the helper has claimed the other
-    one), finds nothing left to claim and waits; then the helper loses the database."""
-    real_commit = batch_run._commit_batch
-    committed = threading.Event()
+    """The caller's thread commits its batch once the helper holds the other one, finds
+    nothing left to claim and waits; then the helper loses the database."""
+    real_commit, real_work = batch_run._commit_batch, gc_engine._work_run
+    helper_in, caller_out = threading.Event(), threading.Event()
 
     def commit(*args: Any, **kwargs: Any) -> Any:
         if threading.current_thread().name.startswith(HELPER):
-            assert committed.wait(30)
-            time.sleep(0.5)  # the caller's thread found nothing to claim, and waits
+            helper_in.set()
+            assert caller_out.wait(30)  # the caller's thread found nothing to claim, and waits
             raise DatabaseUnavailable("the helper's connection was lost")
-        time.sleep(0.3)
+        assert helper_in.wait(30)
+        return real_commit(*args, **kwargs)
+
+    def work_run(*args: Any, **kwargs: Any) -> Any:
         try:
-            return real_commit(*args, **kwargs)
+            return real_work(*args, **kwargs)
         finally:
-            committed.set()
+            if threading.current_thread().name == "MainThread":
+                caller_out.set()
 
     monkeypatch.setattr(batch_run, "_commit_batch", commit)
+    monkeypatch.setattr(gc_engine, "_work_run", work_run)
 
 
 def second_commit_fails(monkeypatch) -> None:
