@@ -48,7 +48,7 @@ SETTINGS_ENV = {
 }
 
 WORKER = """
-import os, sys, time
+import os, sys, threading, time
 from pathlib import Path
 import jobs.decay as decay, jobs.ttl_expiry as ttl
 from gc_worker import cli
@@ -59,9 +59,11 @@ hang_at = int(os.environ.get("GC_TEST_HANG_AT", "0"))
 hung = os.environ.get("GC_TEST_HUNG")
 plan, refresh, batches = ttl.plan, decay.refresh, [0]
 
-def note(path, text):  # atomically: the test may read it at any moment
-    Path(path + ".tmp").write_text(text)
-    os.replace(path + ".tmp", path)
+def note(path, text):  # atomically: the test may read it at any moment; a temporary file per
+    # thread (run.workers: two batches of one process may note at once)
+    tmp = f"{path}.{threading.get_ident()}.tmp"
+    Path(tmp).write_text(text)
+    os.replace(tmp, path)
 
 def slow_plan(ctx):
     if started:
