@@ -37,6 +37,14 @@ RESTORABLE = frozenset(
     {Kind.SOFT_DELETE, Kind.OBSOLETE, Kind.MERGE, Kind.CREATE_MERGED, Kind.SET_IMPORTANCE}
 )
 
+# Actions whose ``row_version`` — and ``details.depends_on`` versions — are content versions
+# (``memory_gc_content_version``, migration 0010: every contract column but the access bookkeeping
+# and the worker's score) instead of ``xmin``: a merge or a contradiction rests on what the rows
+# say, not on when they were last read, so a read between plan and apply does not drift it. The
+# jobs' candidates queries (sql/llm_jobs.sql) select that version; every other action keeps
+# ``xmin``, since a read changes what usage, decay and the cap decide.
+CONTENT_VERSIONED = frozenset({("contradiction", Kind.OBSOLETE), ("compaction", Kind.MERGE)})
+
 # Reasons that mark an erasure (they override `pinned` and use the erasure retention).
 ERASURE_REASONS = ("erasure", "erasure_tombstone")
 
@@ -48,7 +56,9 @@ class Action:
     user_id: str
     reason: str
     memory_id: UUID | None = None
-    row_version: int | None = None  # xmin of the row when planned; None = no row to check
+    # the row's version when planned (xmin, or its content version: CONTENT_VERSIONED);
+    # None = no row to check
+    row_version: int | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
     preview: str | None = None  # first characters of the content, for people reading the plan
     group: str | None = None
@@ -56,6 +66,10 @@ class Action:
     @property
     def retires(self) -> bool:
         return self.action in RETIRING
+
+    @property
+    def content_versioned(self) -> bool:
+        return (self.job, self.action) in CONTENT_VERSIONED
 
     @property
     def changes_store(self) -> bool:

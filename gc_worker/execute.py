@@ -1,10 +1,11 @@
 """The one executor: carries out a batch's actions inside the caller's transaction.
 
-1. Lock every row the actions name and compare its version (xmin) with the one recorded when
-   the action was planned. A row that is gone or changed has *drifted*: its action — and every
-   action of the same group — is skipped and reported, never applied. A row an application
-   transaction holds right now is skipped too (``SKIP LOCKED``), never waited for, so the
-   worker cannot deadlock with the request path; it is planned again next run. An action
+1. Lock every row the actions name and compare its version (xmin; for a merge or a
+   contradiction, its content version — gc_worker.actions.CONTENT_VERSIONED) with the one
+   recorded when the action was planned. A row that is gone or changed has *drifted*: its
+   action — and every action of the same group — is skipped and reported, never applied. A row
+   an application transaction holds right now is skipped too (``SKIP LOCKED``), never waited
+   for, so the worker cannot deadlock with the request path; it is planned again next run. An action
    whose decision rested on other rows (``broken_premises``) drifts if those changed.
 2. Apply the rest with set-based statements, each checked against the count it was given
    (a mismatch raises, and the caller's transaction rolls back whole).
@@ -60,42 +61,59 @@ def execute(
     return outcome
 
 
-def lock_rows(
-    conn: Connection, actions: Sequence[Action]
-) -> tuple[dict[UUID, int], dict[UUID, str]]:
+@dataclass
+class Versions:
+    """Each locked row's versions at apply: ``xmin``, and its content version where an action
+    on it or resting on it is content-versioned (gc_worker.actions.CONTENT_VERSIONED)."""
+
+    xmin: dict[UUID, int] = field(default_factory=dict)
+    content: dict[UUID, int] = field(default_factory=dict)
+
+    def add(self, rows: Sequence[Any]) -> None:
+        for row in rows:
+            self.xmin[row.id] = row.row_version
+            if row.content_version is not None:
+                self.content[row.id] = row.content_version
+
+    def of(self, action: Action, memory_id: UUID) -> int | None:
+        """``memory_id``'s current version as ``action`` recorded it; None: gone or held."""
+        return (self.content if action.content_versioned else self.xmin).get(memory_id)
+
+
+def lock_rows(conn: Connection, actions: Sequence[Action]) -> tuple[Versions, dict[UUID, str]]:
     # (the rows are locked in the statement's ORDER BY id, whatever the list's order)
     ids = list({a.memory_id for a in actions if a.row_version is not None})
+    versions = Versions()
     if not ids:
-        return {}, {}
-    rows = conn.execute(q("lock_rows"), {"ids": ids}).all()
+        return versions, {}
+    # content versions of the rows content-versioned actions change or rest on (their premises
+    # are mostly rows the batch changes too: the newer fact of one pair, the loser of another)
+    content_ids = list(
+        {i for a in actions if a.content_versioned for i in (a.memory_id, *_premises(a))}
+    )
+    rows = conn.execute(q("lock_rows"), {"ids": ids, "content_ids": content_ids}).all()
+    versions.add(rows)
     # the prior state is JSON text built by PostgreSQL (PRIOR_FIELDS, timestamps in ISO 8601),
     # passed to the audit as is: no parsing and re-serialising of 100,000s of small documents
-    return {row.id: row.row_version for row in rows}, {row.id: row.prior for row in rows}
+    return versions, {row.id: row.prior for row in rows}
 
 
-def broken_premises(
-    conn: Connection, actions: Sequence[Action], versions: dict[UUID, int]
-) -> set[int]:
+def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versions) -> set[int]:
     """ids() of actions whose decision rested on other rows that changed since planning:
 
     - ``details.depends_on`` ({id: version}): rows the action was decided against, e.g. the
-      newer fact a contradiction closes the older one for. Gone, changed, or held by an
-      application transaction right now (``SKIP LOCKED``: never waited for) — the premise is
-      broken. They are share-locked to the end of the batch, so it cannot break after the check;
+      newer fact a contradiction closes the older one for (versioned as the action's own
+      row: a content-versioned action's premise is a content version). Gone, changed, or held
+      by an application transaction right now (``SKIP LOCKED``: never waited for) — the
+      premise is broken. They are share-locked to the end of the batch, so it cannot break
+      after the check;
     - ``details.user_active`` (user_cap): the user's active rows when the evictions were
       chosen; fewer now (the application deleted some) and evicting as planned would take the
       user below the cap.
     """
-    needed = {
-        UUID(str(dep))
-        for a in actions
-        for dep in a.details.get("depends_on", {})
-        if UUID(str(dep)) not in versions
-    }
-    known = dict(versions)
+    needed = {dep for a in actions for dep in _premises(a) if versions.of(a, dep) is None}
     if needed:
-        rows = conn.execute(q("lock_dependencies"), {"ids": list(needed)}).all()
-        known |= {row.id: row.row_version for row in rows}
+        versions.add(conn.execute(q("lock_dependencies"), {"ids": list(needed)}).all())
     capped = sorted({a.user_id for a in actions if "user_active" in a.details})
     active: dict[str, int] = {}
     if capped:
@@ -103,20 +121,25 @@ def broken_premises(
     return {
         id(a)
         for a in actions
-        if any(known.get(UUID(str(d))) != v for d, v in a.details.get("depends_on", {}).items())
+        if any(versions.of(a, dep) != v for dep, v in _premises(a).items())
         or active.get(a.user_id, 0) < a.details.get("user_active", 0)
     }
 
 
+def _premises(action: Action) -> dict[UUID, int]:
+    """``details.depends_on`` ({id: version}) with the ids as UUIDs."""
+    return {UUID(str(k)): v for k, v in action.details.get("depends_on", {}).items()}
+
+
 def drifted_actions(
-    actions: Sequence[Action], versions: dict[UUID, int], broken: set[int] = frozenset()
+    actions: Sequence[Action], versions: Versions, broken: set[int] = frozenset()
 ) -> set[int]:
     """ids() of actions whose row changed since planning, or whose premise ``broken``
     (broken_premises), widened to their whole group."""
     bad = set(broken) | {
         id(a)
         for a in actions
-        if a.row_version is not None and versions.get(a.memory_id) != a.row_version
+        if a.row_version is not None and versions.of(a, a.memory_id) != a.row_version
     }
     bad_groups = {a.group for a in actions if id(a) in bad and a.group is not None}
     return bad | {id(a) for a in actions if a.group is not None and a.group in bad_groups}

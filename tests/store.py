@@ -97,3 +97,12 @@ def acted_on(report: dict[str, Any], action: str | None = None) -> set[str]:
         and a["action"] != "deferred"
         and (action is None or a["action"] == action)
     }
+
+
+def city_pair(engine: sa.Engine, user_id: str = "u1") -> tuple[UUID, UUID]:
+    """Two values of one slot: "Lives in Paris" (10 days old), then "Lives in Berlin" (1 day)."""
+    old = add(engine, user_id, "Lives in Paris", slot="profile.city", created_at=days_ago(10),
+              observed_at=days_ago(10))  # fmt: skip
+    new = add(engine, user_id, "Lives in Berlin", slot="profile.city", created_at=days_ago(1),
+              observed_at=days_ago(1))  # fmt: skip
+    return old, new

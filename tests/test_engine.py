@@ -13,7 +13,18 @@ from gc_worker import restore
 from gc_worker.config import RunSettings, Settings, UserCapSettings
 from gc_worker.errors import NotFoundError, RunFailed, UsageError
 from gc_worker.report import build_report
-from tests.store import NOW, acted_on, add, days_ago, execute, get, run, snapshot, status
+from tests.store import (
+    NOW,
+    acted_on,
+    add,
+    city_pair,
+    days_ago,
+    execute,
+    get,
+    run,
+    snapshot,
+    status,
+)
 
 
 def seed_mixed_store(engine, users=("alice", "bob", "carol")) -> None:
@@ -173,14 +184,6 @@ class TestDrift:
         applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
         assert applied["totals"]["actions"] == 0 and len(applied["drifted"]) == 1
 
-    @staticmethod
-    def _city_pair(engine):
-        old = add(engine, "u1", "Lives in Paris", slot="profile.city", created_at=days_ago(10),
-                  observed_at=days_ago(10))  # fmt: skip
-        new = add(engine, "u1", "Lives in Berlin", slot="profile.city", created_at=days_ago(1),
-                  observed_at=days_ago(1))  # fmt: skip
-        return old, new
-
     @pytest.mark.parametrize(
         "change",
         [
@@ -194,7 +197,7 @@ class TestDrift:
         """The older fact is obsoleted *because of* the newer one: if the application
         retracted or corrected the newer one after planning, the older stays current (the
         action drifts) instead of leaving the user with neither."""
-        old, new = self._city_pair(engine)
+        old, new = city_pair(engine)
         plan = run(engine, settings, jobs=["contradiction"], dry_run=True)
         assert acted_on(plan, "obsolete") == {str(old)}
         execute(engine, change, id=new)
@@ -205,7 +208,7 @@ class TestDrift:
     def test_a_newer_fact_the_application_holds_is_not_waited_for(self, engine, settings):
         """The newer fact is share-locked for the apply; one an application transaction holds
         right now is treated as changed (drift), never waited for."""
-        old, new = self._city_pair(engine)
+        old, new = city_pair(engine)
         plan = run(engine, settings, jobs=["contradiction"], dry_run=True)
         with engine.connect() as app:
             app.execute(text("SELECT 1 FROM memories WHERE id = :id FOR UPDATE"), {"id": new})

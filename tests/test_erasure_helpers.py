@@ -20,9 +20,11 @@ from tests.store import NOW
 
 
 def version(engine: sa.Engine, memory_id: UUID) -> int:
+    """The row's content version: what compaction's merges record (gc_worker.actions)."""
     with engine.connect() as conn:
         return conn.execute(
-            sa.text("SELECT xmin::text::bigint FROM memories WHERE id = :id"), {"id": memory_id}
+            sa.text("SELECT memory_gc_content_version(m) FROM memories m WHERE id = :id"),
+            {"id": memory_id},
         ).scalar_one()
 
 

@@ -29,7 +29,7 @@ from gc_worker.queries import q
 from gc_worker.report import build_report
 from tests.conftest import TEST_DIM
 from tests.fake_model import FakeModel, fake_port
-from tests.store import NOW, add, days_ago, execute, run, status
+from tests.store import NOW, add, days_ago, execute, get, run, status
 from tests.test_compaction import E0, at_similarity
 
 SETTINGS = Settings.model_validate(
@@ -120,14 +120,15 @@ def test_a_slow_model_under_idle_in_transaction_session_timeout(database_url: st
 
 
 def test_a_row_changed_while_the_model_answers_is_drifted(engine) -> None:
-    """The application touches a member of the merge group while the model is answering: the
-    whole group is drifted, nothing is merged; the next run merges it (from the cache)."""
+    """The application writes to a member of the merge group while the model is answering: the
+    whole group is drifted, nothing is merged; the next run merges it (from the cache: the
+    member's text is unchanged)."""
     a, b = seed(engine)
 
     def app_writes(request: httpx2.Request) -> None:
         if b"MergeAnswer" in request.content:
-            execute(engine, "UPDATE memories SET access_count = access_count + 1 WHERE id = :b",
-                    b=b)  # fmt: skip
+            execute(engine, "UPDATE memories SET metadata = jsonb_build_object('turn', 7)"
+                    " WHERE id = :b", b=b)  # fmt: skip
 
     with fake_port(engine, SETTINGS, Watching(app_writes)) as llm:
         first = run(engine, SETTINGS, llm=llm, jobs=["compaction"])
@@ -138,6 +139,24 @@ def test_a_row_changed_while_the_model_answers_is_drifted(engine) -> None:
         run(engine, SETTINGS, llm=llm, jobs=["compaction"], now=NOW)
     assert status(engine, a) == status(engine, b) == "merged"
     assert model.calls["MergeAnswer"] == 0  # the decision was cached by the first run
+
+
+def test_a_read_while_the_model_answers_does_not_drift_the_merge(engine) -> None:
+    """The application puts a member into a model context while the model is answering (it
+    reads the memories it keeps retrieving): what the merge rests on is unchanged, so it is
+    applied in this run; the read stands on the merged member."""
+    a, b = seed(engine)
+
+    def app_reads(request: httpx2.Request) -> None:
+        if b"MergeAnswer" in request.content:
+            execute(engine, "UPDATE memories SET access_count = access_count + 1,"
+                    " last_accessed_at = :now WHERE id = :b", b=b, now=NOW)  # fmt: skip
+
+    with fake_port(engine, SETTINGS, Watching(app_reads)) as llm:
+        first = run(engine, SETTINGS, llm=llm, jobs=["compaction"])
+    assert first["jobs"]["compaction"]["drifted"] == 0
+    assert status(engine, a) == status(engine, b) == "merged"
+    assert get(engine, b)["last_accessed_at"] == NOW
 
 
 def test_a_batch_another_worker_claimed_is_left_to_it(engine) -> None:

@@ -1,14 +1,17 @@
 -- lock_rows --
--- Lock the rows a batch's plan touches; their version and prior state (PRIOR_FIELDS). A row a
+-- Lock the rows a batch's plan touches; their version (and, for the rows of :content_ids, their
+-- content version: gc_worker.actions.CONTENT_VERSIONED) and prior state (PRIOR_FIELDS). A row a
 -- request-path transaction holds is skipped, never waited for: the worker then waits on no row
 -- lock at all, so it can be no party to a deadlock; the caller treats the row as drifted.
 SELECT id, xmin::text::bigint AS row_version,
+       CASE WHEN id = ANY(:content_ids) THEN memory_gc_content_version(m) END
+           AS content_version,
        jsonb_build_object('status', status, 'status_reason', status_reason,
                           'status_changed_at', status_changed_at, 'superseded_by', superseded_by,
                           'deleted_at', deleted_at, 'valid_until', valid_until,
                           'importance', importance,
                           'importance_assessed_at', importance_assessed_at)::text AS prior
-FROM memories
+FROM memories m
 WHERE id = ANY(:ids)
 ORDER BY id
 FOR UPDATE SKIP LOCKED
@@ -16,9 +19,9 @@ FOR UPDATE SKIP LOCKED
 -- lock_dependencies --
 -- The rows actions were decided against (details.depends_on) that they do not change: their
 -- version, share-locked for the batch (an application transaction holding one: skipped, the
--- caller treats it as changed).
-SELECT id, xmin::text::bigint AS row_version
-FROM memories
+-- caller treats it as changed). Both versions: the premise is recorded as the deciding action's.
+SELECT id, xmin::text::bigint AS row_version, memory_gc_content_version(m) AS content_version
+FROM memories m
 WHERE id = ANY(:ids)
 ORDER BY id
 FOR SHARE SKIP LOCKED

@@ -1,14 +1,16 @@
 -- compaction_candidates --
--- Active, unpinned, embedded, open-ended rows compaction may merge, streamed user by user.
+-- Active, unpinned, embedded, open-ended rows compaction may merge, streamed user by user. The
+-- row version is the content version (gc_worker.actions.CONTENT_VERSIONED).
 WITH declared AS (
     SELECT DISTINCT unnest(supersedes) AS id
     FROM memories
     WHERE user_id = ANY(:users) AND status IN ('active', 'obsolete') AND cardinality(supersedes) > 0
 )
-SELECT m.id, m.user_id, m.xmin::text::bigint AS row_version, left(m.content, 200) AS preview,
-       m.content, CAST(m.embedding AS real[]) AS embedding, m.memory_type, m.source, m.scope,
-       m.slot, m.importance, m.importance_assessed_at, m.confidence, m.created_at,
-       m.last_accessed_at, m.access_count, m.observed_at, m.valid_from, m.expires_at, m.metadata,
+SELECT m.id, m.user_id, memory_gc_content_version(m) AS row_version,
+       left(m.content, 200) AS preview, m.content, CAST(m.embedding AS real[]) AS embedding,
+       m.memory_type, m.source, m.scope, m.slot, m.importance, m.importance_assessed_at,
+       m.confidence, m.created_at, m.last_accessed_at, m.access_count, m.observed_at, m.valid_from,
+       m.expires_at, m.metadata,
        memory_gc_trust(m.source, m.metadata) AS trust
 FROM memories m
 WHERE m.user_id = ANY(:users) AND m.status = 'active' AND NOT m.pinned
@@ -21,12 +23,13 @@ WHERE m.user_id = ANY(:users) AND m.status = 'active' AND NOT m.pinned
 ORDER BY m.user_id, m.id
 
 -- contradiction_candidates --
--- Active rows of some users with what the contradiction rules read, streamed user by user.
-SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview, content,
-       CAST(embedding AS real[]) AS embedding, slot, scope, supersedes, pinned, source,
+-- Active rows of some users with what the contradiction rules read, streamed user by user. The
+-- row version is the content version (gc_worker.actions.CONTENT_VERSIONED).
+SELECT id, user_id, memory_gc_content_version(m) AS row_version, left(content, 200) AS preview,
+       content, CAST(embedding AS real[]) AS embedding, slot, scope, supersedes, pinned, source,
        memory_gc_trust(source, metadata) AS trust, valid_from, valid_until, observed_at,
        created_at
-FROM memories
+FROM memories m
 WHERE user_id = ANY(:users) AND status = 'active' AND NOT (id = ANY(:taken))
 ORDER BY user_id, id
 
