@@ -12,8 +12,10 @@ a plan and its apply no longer drifts the plan that retires the fact — before,
 often than plans were applied was never closed under ``plan_then_apply``. Any other write (content,
 slot, validity, pin, status, metadata …) still drifts it. See gc_worker.actions.CONTENT_VERSIONED.
 
-The body is a string, not a SQL-standard body: no dependency on the columns is recorded, so an
-operator's ``ALTER TABLE memories`` is never refused on its account.
+Text is hashed by its bytes (``COLLATE "C"``): under a nondeterministic collation of the
+application's a case-only edit would otherwise hash the same. The body is a string, not a
+SQL-standard body: no dependency on the columns is recorded, so an operator's
+``ALTER TABLE memories`` is never refused on its account.
 """
 
 from alembic import op
@@ -27,11 +29,12 @@ CONTENT_VERSION = """
 CREATE OR REPLACE FUNCTION memory_gc_content_version(m memories) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hash_record_extended(ROW(
-        m.user_id, m.content, m.embedding IS NULL, m.memory_type, m.source, m.scope, m.slot,
-        m.supersedes, m.importance, m.importance_assessed_at, m.confidence, m.pinned,
-        m.created_at, m.updated_at, m.observed_at, m.valid_from, m.valid_until, m.expires_at,
-        m.status, m.status_reason, m.status_changed_at, m.superseded_by, m.deleted_at,
-        m.metadata), 0)
+        m.user_id COLLATE "C", m.content COLLATE "C", m.embedding IS NULL,
+        m.memory_type COLLATE "C", m.source COLLATE "C", m.scope COLLATE "C",
+        m.slot COLLATE "C", m.supersedes, m.importance, m.importance_assessed_at, m.confidence,
+        m.pinned, m.created_at, m.updated_at, m.observed_at, m.valid_from, m.valid_until,
+        m.expires_at, m.status COLLATE "C", m.status_reason COLLATE "C", m.status_changed_at,
+        m.superseded_by, m.deleted_at, m.metadata), 0)
 $$
 """
 
