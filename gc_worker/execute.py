@@ -23,7 +23,7 @@ from uuid import UUID
 
 from sqlalchemy.engine import Connection
 
-from gc_worker.actions import ERASURE_REASONS, TARGET_STATUS, Action, Kind
+from gc_worker.actions import CONTENT_VERSIONED, ERASURE_REASONS, TARGET_STATUS, Action, Kind
 from gc_worker.errors import RunFailed
 from gc_worker.queries import q
 
@@ -75,6 +75,9 @@ class Versions:
             if row.content_version is not None:
                 self.content[row.id] = row.content_version
 
+    def copy(self) -> Versions:
+        return Versions(dict(self.xmin), dict(self.content))
+
     def of(self, action: Action, memory_id: UUID) -> int | None:
         """``memory_id``'s current version as ``action`` recorded it; None: gone or held."""
         return (self.content if action.content_versioned else self.xmin).get(memory_id)
@@ -111,9 +114,12 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
       chosen; fewer now (the application deleted some) and evicting as planned would take the
       user below the cap.
     """
-    needed = {dep for a in actions for dep in _premises(a) if versions.of(a, dep) is None}
+    # a copy: a row lock_rows skipped (the application holds it) stays drifted for its own
+    # action even when lock_dependencies can share-lock it as another action's premise
+    known = versions.copy()
+    needed = {dep for a in actions for dep in _premises(a) if known.of(a, dep) is None}
     if needed:
-        versions.add(conn.execute(q("lock_dependencies"), {"ids": list(needed)}).all())
+        known.add(conn.execute(q("lock_dependencies"), {"ids": list(needed)}).all())
     capped = sorted({a.user_id for a in actions if "user_active" in a.details})
     active: dict[str, int] = {}
     if capped:
@@ -121,7 +127,7 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
     return {
         id(a)
         for a in actions
-        if any(versions.of(a, dep) != v for dep, v in _premises(a).items())
+        if any(known.of(a, dep) != v for dep, v in _premises(a).items())
         or active.get(a.user_id, 0) < a.details.get("user_active", 0)
     }
 
@@ -199,6 +205,11 @@ def _create_records(conn: Connection, actions: list[Action], *, now: datetime) -
     derived = [a.memory_id for a in actions for _ in a.details["sources"]]
     sources = [UUID(str(s)) for a in actions for s in a.details["sources"]]
     conn.execute(q("insert_lineage"), {"derived": derived, "sources": sources})
+    # a read of a member since planning does not drift a merge (content version): the record
+    # takes its members' access bookkeeping as it is now, not as planned
+    merged = [a.memory_id for a in actions if (a.job, Kind.MERGE) in CONTENT_VERSIONED]
+    if merged:
+        conn.execute(q("merged_access"), {"ids": merged})
 
 
 def _purge(conn: Connection, actions: list[Action]) -> None:

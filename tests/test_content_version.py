@@ -7,18 +7,24 @@ most) drifted the obsolete that closes it — under ``plan_then_apply``, every n
 
 from __future__ import annotations
 
+from datetime import timedelta
 from uuid import UUID
 
 import pytest
+import sqlalchemy as sa
 from alembic import command
 
 from gc_worker import db, schema
 from gc_worker import engine as gc_engine
 from gc_worker.actions import CONTENT_VERSIONED, Kind
+from gc_worker.audit import load_planned
+from gc_worker.execute import execute as run_executor
 from gc_worker.report import build_report
+from gc_worker.restore import restore_run
 from tests.conftest import TEST_DIM
+from tests.fake_model import FakeModel, fake_port
 from tests.store import NOW, acted_on, add, city_pair, days_ago, execute, get, run, status
-from tests.test_compaction import E0
+from tests.test_compaction import E0, unit
 
 # what the request path writes when it puts a memory into a model context, and the worker's
 # own score refresh (another run of the user between plan and apply)
@@ -86,6 +92,49 @@ class TestContradiction:
         assert len(applied["drifted"]) == 1 and status(engine, old) == "active"
 
 
+class TestPremiseOfAHeldRow:
+    """The newer fact is both the premise of the obsolete and, in the same batch, re-assessed by
+    importance; the application holds it while the plan is applied. Share-locking it as a
+    premise must not count as the lock its own action needs."""
+
+    @staticmethod
+    def plan(engine, settings):
+        old, new = city_pair(engine)
+        with fake_port(engine, settings, FakeModel("good", dim=TEST_DIM)) as llm:
+            jobs = ["importance", "contradiction"]
+            plan = run(engine, settings, jobs=jobs, dry_run=True, llm=llm)
+        assert str(new) in acted_on(plan, "set_importance")
+        assert acted_on(plan, "obsolete") == {str(old)}
+        return old, new, plan
+
+    def test_its_own_action_drifts_and_the_run_restores(self, engine, settings):
+        """Held FOR KEY SHARE (what an insert referencing it takes): its set_importance drifts —
+        applied, it had no prior state in the audit and the run's restore failed."""
+        old, new, plan = self.plan(engine, settings)
+        with engine.connect() as app:
+            app.execute(sa.text("SELECT 1 FROM memories WHERE id = :id FOR KEY SHARE"), {"id": new})
+            applied = apply(engine, plan)
+            app.rollback()
+        assert (str(new), "set_importance") in {
+            (d["memory_id"], d["action"]) for d in applied["drifted"]
+        }
+        restore_run(engine, UUID(applied["run_id"]), now=NOW + timedelta(hours=1))
+        assert status(engine, old) == "active" and get(engine, new)["importance"] == 3
+
+    def test_the_executor_does_not_wait_for_it(self, engine, settings):
+        """Held FOR SHARE: the executor skips its action instead of waiting on the lock."""
+        _, new, plan = self.plan(engine, settings)
+        with engine.connect() as conn:
+            actions = load_planned(conn, UUID(plan["run_id"]), 0)
+        with engine.connect() as app:
+            app.execute(sa.text("SELECT 1 FROM memories WHERE id = :id FOR SHARE"), {"id": new})
+            with engine.begin() as conn:
+                conn.exec_driver_sql("SET LOCAL lock_timeout = '2s'")
+                outcome = run_executor(conn, actions, now=NOW)
+            app.rollback()
+        assert new in {a.memory_id for a in outcome.drifted if a.action is Kind.SET_IMPORTANCE}
+
+
 class TestCompaction:
     def test_a_read_of_a_member_does_not_drift_the_merge(self, engine, settings):
         a = add(engine, "u1", "Has a dog named Rex.", created_at=days_ago(9), embedding=E0)
@@ -96,6 +145,44 @@ class TestCompaction:
         applied = apply(engine, plan)
         assert applied["drifted"] == []
         assert status(engine, a) == status(engine, b) == "merged"
+
+    def test_the_merged_record_keeps_the_reads_made_after_planning(self, engine, settings):
+        a = add(engine, "u1", "Has a dog named Rex.", created_at=days_ago(120), embedding=E0,
+                last_accessed_at=days_ago(100), access_count=3)  # fmt: skip
+        add(engine, "u1", "has a dog named Rex", created_at=days_ago(110), embedding=E0,
+            last_accessed_at=days_ago(95), access_count=2)  # fmt: skip
+        plan = run(engine, settings, jobs=["compaction"], dry_run=True)
+        execute(engine, READ, ids=[a], now=NOW)
+        apply(engine, plan)
+        record = get(engine, get(engine, a)["superseded_by"])
+        assert record["access_count"] == 3 + 1 + 2 and record["last_accessed_at"] == NOW
+
+    def test_a_fact_read_after_planning_is_not_pruned_as_unused(self, engine, settings):
+        """Members last used 89 days ago, one used again before the apply: the merged record
+        is not unused two days later (usage_prune, unused_days = 90)."""
+        a = add(engine, "u1", "Has a dog named Rex.", created_at=days_ago(120), embedding=E0,
+                last_accessed_at=days_ago(89), importance=2)  # fmt: skip
+        add(engine, "u1", "has a dog named Rex", created_at=days_ago(110), embedding=E0,
+            last_accessed_at=days_ago(89.5), importance=2)  # fmt: skip
+        plan = run(engine, settings, jobs=["compaction"], dry_run=True)
+        execute(engine, READ, ids=[a], now=NOW + timedelta(hours=12))
+        apply(engine, plan)
+        record = get(engine, a)["superseded_by"]
+        later = run(engine, settings, jobs=["usage_prune"], now=NOW + timedelta(days=2))
+        assert str(record) not in acted_on(later) and status(engine, record) == "active"
+
+    def test_a_new_embedding_of_a_member_drifts_the_merge(self, engine, settings):
+        """Re-embedded (a new embeddings model) after planning: the record would keep the old
+        model's vector, copied or averaged from the members as planned."""
+        a = add(engine, "u1", "Has a dog named Rex.", created_at=days_ago(9), embedding=E0)
+        b = add(engine, "u1", "has a dog named Rex", created_at=days_ago(4), embedding=E0)
+        plan = run(engine, settings, jobs=["compaction"], dry_run=True)
+        vector = "[" + ",".join(map(str, unit(1.0, 3))) + "]"
+        execute(engine, "UPDATE memories SET embedding = CAST(:v AS vector) WHERE id = :id",
+                v=vector, id=b)  # fmt: skip
+        applied = apply(engine, plan)
+        assert {d["memory_id"] for d in applied["drifted"]} >= {str(a), str(b)}
+        assert status(engine, a) == status(engine, b) == "active"
 
     def test_an_edit_of_a_member_drifts_the_whole_merge(self, engine, settings):
         a = add(engine, "u1", "Has a dog named Rex.", created_at=days_ago(9), embedding=E0)

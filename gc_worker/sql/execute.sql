@@ -77,6 +77,18 @@ INSERT INTO memory_lineage (derived_id, source_id)
 SELECT * FROM unnest(CAST(:derived AS uuid[]), CAST(:sources AS uuid[]))
 ON CONFLICT DO NOTHING
 
+-- merged_access --
+-- Merged records' access bookkeeping from their members as they are now (locked, not yet
+-- retired): the latest use and the sum of uses, as compaction plans them.
+UPDATE memories r
+SET last_accessed_at = s.last_accessed_at, access_count = s.access_count
+FROM (SELECT l.derived_id, max(m.last_accessed_at) AS last_accessed_at,
+             sum(m.access_count) AS access_count
+      FROM memory_lineage l JOIN memories m ON m.id = l.source_id
+      WHERE l.derived_id = ANY(:ids)
+      GROUP BY l.derived_id) s
+WHERE r.id = s.derived_id
+
 -- purge_rows --
 -- Physically delete rows (their lineage goes by ON DELETE CASCADE).
 DELETE FROM memories WHERE id = ANY(:ids) RETURNING id

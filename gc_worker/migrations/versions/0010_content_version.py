@@ -3,14 +3,15 @@ access bookkeeping.
 
 Revision ID: 0010
 
-``memory_gc_content_version(memories)`` hashes every contract column of a row except the ones a
-mere read or the worker's score refresh writes (``last_accessed_at``, ``access_count``,
-``decayed_confidence``); of the embedding it takes whether there is one. Compaction's merges and
-contradiction's obsoletes record it as their row version (and the newer fact's, as their
-premise) instead of ``xmin``: the application putting a stale fact into a model context between
-a plan and its apply no longer drifts the plan that retires the fact — before, a fact read more
-often than plans were applied was never closed under ``plan_then_apply``. Any other write (content,
-slot, validity, pin, status, metadata …) still drifts it. See gc_worker.actions.CONTENT_VERSIONED.
+``memory_gc_content_version(memories)`` hashes every contract column of a row except the ones
+a mere read or the worker's score refresh writes (``last_accessed_at``, ``access_count``,
+``decayed_confidence``), the embedding included (a merge copies or averages it). Compaction's
+merges and contradiction's obsoletes record it as their row version (and the newer fact's, as
+their premise) instead of ``xmin``: the application putting a stale fact into a model context
+between a plan and its apply no longer drifts the plan that retires the fact — before, a fact
+read more often than plans were applied was never closed under ``plan_then_apply``. Any other
+write (content, embedding, slot, validity, pin, status, metadata …) still drifts it. See
+gc_worker.actions.CONTENT_VERSIONED.
 
 Text is hashed by its bytes (``COLLATE "C"``): under a nondeterministic collation of the
 application's a case-only edit would otherwise hash the same. The body is a string, not a
@@ -29,7 +30,7 @@ CONTENT_VERSION = """
 CREATE OR REPLACE FUNCTION memory_gc_content_version(m memories) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hash_record_extended(ROW(
-        m.user_id COLLATE "C", m.content COLLATE "C", m.embedding IS NULL,
+        m.user_id COLLATE "C", m.content COLLATE "C", CAST(m.embedding AS real[]),
         m.memory_type COLLATE "C", m.source COLLATE "C", m.scope COLLATE "C",
         m.slot COLLATE "C", m.supersedes, m.importance, m.importance_assessed_at, m.confidence,
         m.pinned, m.created_at, m.updated_at, m.observed_at, m.valid_from, m.valid_until,
