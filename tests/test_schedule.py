@@ -16,7 +16,7 @@ from gc_worker import engine as gc_engine
 from gc_worker.config import RunSettings, ScheduleSettings, Settings, load_settings
 from gc_worker.daemon import Daemon, build_scheduler
 from gc_worker.errors import ConfigError, NotFoundError, UsageError
-from tests.store import NOW, add, days_ago, execute, status
+from tests.store import NOW, add, city_pair, days_ago, execute, get, status
 
 SLOT = datetime(2026, 6, 1, 3, 0, tzinfo=UTC)  # a Monday
 GRACE = 3600
@@ -413,6 +413,23 @@ class TestPlanThenApply:
         assert make_daemon(review, ahead + timedelta(minutes=5)).apply_due_plans() == []
         assert make_daemon(review, ended + timedelta(minutes=59)).apply_due_plans() == []
         assert len(make_daemon(review, ended + timedelta(minutes=60)).apply_due_plans()) == 1
+
+    def test_a_stale_fact_read_during_the_review_window_is_still_closed(
+        self, engine, review, make_daemon
+    ):
+        """The application keeps retrieving the stale fact while the plan waits: the apply
+        closes it anyway (contradictions compare content versions, not xmin:
+        tests/test_content_version.py). With xmin every read drifted it, night after night."""
+        old, new = city_pair(engine, "user-000")
+        make_daemon(review, SLOT).nightly()
+        (plan,) = runs(engine)
+        execute(engine, "UPDATE memories SET last_accessed_at = :at,"
+                " access_count = access_count + 1 WHERE id = ANY(:ids)",
+                at=plan["finished_at"], ids=[old, new])  # fmt: skip
+        make_daemon(review, plan["finished_at"] + timedelta(minutes=60)).apply_due_plans()
+        closed = get(engine, old)
+        assert (closed["status"], closed["superseded_by"]) == ("obsolete", new)
+        assert closed["access_count"] == 1
 
     def test_rejected_plan_is_never_applied(self, engine, review, make_daemon):
         """`memory-gc reject RUN_ID` stops the apply; the plan's rows stay as they are."""
