@@ -7,7 +7,8 @@
                         for exact duplicates, the least trusted one's for a text the model wrote
     importance          the highest (re-assessed, when importance ran earlier in the batch)
     created_at, observed_at, valid_from   the earliest (valid_from null if any member's is)
-    last_accessed_at    the latest; access_count the sum
+    last_accessed_at    the latest; access_count the sum (re-read from the locked members at
+                        apply: sql/execute.sql merged_access)
     expires_at          null if any member has none, else the latest
     memory_type, scope, slot   shared by all members, else semantic / null / null
     embedding           the embeddings model's, or the text's own (exact duplicates: copied from
