@@ -39,11 +39,18 @@ RESTORABLE = frozenset(
 
 # Actions whose ``row_version`` — and ``details.depends_on`` versions — are content versions
 # (``memory_gc_content_version``, migration 0010: every contract column but the access bookkeeping
-# and the worker's score) instead of ``xmin``: a merge or a contradiction rests on what the rows
-# say, not on when they were last read, so a read between plan and apply does not drift it. The
-# jobs' candidates queries (sql/llm_jobs.sql) select that version; every other action keeps
-# ``xmin``, since a read changes what usage, decay and the cap decide.
-CONTENT_VERSIONED = frozenset({("contradiction", Kind.OBSOLETE), ("compaction", Kind.MERGE)})
+# and the worker's score) instead of ``xmin``: a merge, a contradiction and a model's importance
+# score rest on what the rows say, not on when they were last read, so a read between plan and
+# apply does not drift them. The jobs' candidates queries (sql/llm_jobs.sql, sql/importance.sql)
+# select that version; every other action keeps ``xmin``, since a read changes what usage, decay
+# and the cap decide.
+CONTENT_VERSIONED = frozenset(
+    {
+        ("contradiction", Kind.OBSOLETE),
+        ("compaction", Kind.MERGE),
+        ("importance", Kind.SET_IMPORTANCE),
+    }
+)
 
 # Reasons that mark an erasure (they override `pinned` and use the erasure retention).
 ERASURE_REASONS = ("erasure", "erasure_tombstone")

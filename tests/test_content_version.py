@@ -195,6 +195,31 @@ class TestCompaction:
         assert execute(engine, "SELECT count(*) FROM memories").scalar() == 2
 
 
+class TestImportance:
+    """A model's importance score rests on the text it read: a read does not drift it."""
+
+    @staticmethod
+    def plan(engine, settings):
+        fact = add(engine, "u1", "Is training for a marathon in April")
+        with fake_port(engine, settings, FakeModel("good", dim=TEST_DIM)) as llm:
+            plan = run(engine, settings, jobs=["importance"], dry_run=True, llm=llm)
+        assert acted_on(plan, "set_importance") == {str(fact)}
+        return fact, plan
+
+    def test_a_read_between_plan_and_apply_does_not_drift_the_score(self, engine, settings):
+        fact, plan = self.plan(engine, settings)
+        execute(engine, READ, ids=[fact], now=NOW)
+        applied = apply(engine, plan)
+        assert applied["drifted"] == [] and get(engine, fact)["importance_assessed_at"] is not None
+
+    def test_an_edit_drifts_it(self, engine, settings):
+        fact, plan = self.plan(engine, settings)
+        execute(engine, "UPDATE memories SET content = 'Gave up running' WHERE id = :id", id=fact)
+        applied = apply(engine, plan)
+        assert [d["memory_id"] for d in applied["drifted"]] == [str(fact)]
+        assert get(engine, fact)["importance_assessed_at"] is None
+
+
 class TestAccessRulesKeepXmin:
     def test_a_read_still_drifts_a_usage_prune(self, engine, settings):
         """usage_prune decides on the last use: a use since planning wins."""
@@ -214,7 +239,9 @@ class TestAccessRulesKeepXmin:
         add(engine, "u1", "has a cat", embedding=E0)
         add(engine, "u1", "expired", expires_at=days_ago(1))
         add(engine, "u1", "never used", created_at=days_ago(200), importance=3)
-        plan = run(engine, settings, dry_run=True)
+        add(engine, "u1", "Is training for a marathon in April")
+        with fake_port(engine, settings, FakeModel("good", dim=TEST_DIM)) as llm:
+            plan = run(engine, settings, dry_run=True, llm=llm)
         rows = execute(
             engine,
             "SELECT a.job, a.action, a.row_version, m.xmin::text::bigint AS xmin,"
