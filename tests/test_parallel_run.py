@@ -231,29 +231,67 @@ def test_the_model_budget_is_the_runs_not_each_threads(engine):  # noqa: F811
     assert deferred > 0  # the rest waits for the next run, and says so
 
 
+def interrupt_while_the_caller_waits(monkeypatch) -> tuple[threading.Thread, threading.Event]:
+    """Slow every helper batch (3 s) and send SIGINT to the main thread once the caller's thread
+    has run out of batches and waits for a helper's slow one. The signal is sent only while a
+    helper is inside its slow batch (checked under the lock the helper takes to leave it), so the
+    run cannot have returned: a late signal could otherwise land in whatever test runs next on
+    this process (it did once: an xdist worker was interrupted). Returns the (started) sender
+    and an Event set once the signal was sent."""
+    gate = threading.Lock()
+    sent = threading.Event()
+    helper_busy = threading.Event()
+    caller_waits = threading.Event()
+
+    def hook(name: str) -> None:
+        if name.startswith(HELPER):
+            helper_busy.set()
+            time.sleep(3.0)
+            with gate:
+                helper_busy.clear()
+
+    planning_threads(monkeypatch, hook=hook)
+    real_work = gc_engine._work_run
+
+    def work_run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_work(*args, **kwargs)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                caller_waits.set()  # out of batches: waiting for the helpers is next
+
+    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    main = threading.main_thread().ident
+
+    def send() -> None:
+        if not caller_waits.wait(30):
+            return
+        time.sleep(0.2)  # into the wait
+        with gate:
+            if helper_busy.is_set():
+                signal.pthread_kill(main, signal.SIGINT)
+                sent.set()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    return sender, sent
+
+
 def test_an_interrupt_while_waiting_for_the_helpers_stops_them_too(engine, monkeypatch):  # noqa: F811
     """The caller's thread ran out of batches and waits for a helper's slow one when SIGINT
     lands: the helper still finishes its batch and stops before the interrupt is raised (it
     used to be left running, to die with the process mid-transaction)."""
     seed(engine, rows()[: 4 * len(lifecycle_rows("x"))])  # four users, four batches
-    planning_threads(monkeypatch, hook=lambda n: time.sleep(3.0 if n.startswith(HELPER) else 0))
     request = RunRequest(mode="apply", now=NOW, jobs=("ttl_expiry",))
     run_id = start_run(engine, PARALLEL, request)
-    main = threading.main_thread().ident
-
-    def interrupt_once_the_caller_waits() -> None:  # its three batches done, the helper's not
-        deadline = time.monotonic() + 30
-        while batch_states(engine, run_id).count("done") < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)  # into join()
-        signal.pthread_kill(main, signal.SIGINT)
-
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        threading.Thread(target=interrupt_once_the_caller_waits, daemon=True).start()
+        sender, sent = interrupt_while_the_caller_waits(monkeypatch)
         completed = gc_engine.process_run(engine, run_id, PARALLEL)
+        sender.join()
     finally:
         signal.signal(signal.SIGINT, previous)
+    assert sent.is_set()  # the interrupt did land while the caller waited
     assert helpers_alive() == []
     assert batch_states(engine, run_id) == ["done"] * 4  # the helper's batch was finished
     # ... and it was the last: the helper completed the run, which is what the caller reports
@@ -272,29 +310,15 @@ def test_a_run_a_helper_completed_during_ctrl_c_gets_its_summary_and_report(
     cli_engine = db.make_engine(cli_env)
     seed(cli_engine, [r for u in ("user-a", "user-b") for r in lifecycle_rows(u)])
     monkeypatch.setenv("MEMORY_GC_RUN__BATCH_USERS", "1")
-    planning_threads(monkeypatch, hook=lambda n: time.sleep(3.0 if n.startswith(HELPER) else 0))
-    main_ident = threading.main_thread().ident
-
-    def done_batches() -> int:
-        with cli_engine.connect() as conn:
-            return conn.execute(
-                sa.text("SELECT count(*) FROM gc_run_batches WHERE state = 'done'")
-            ).scalar_one()
-
-    def interrupt_once_the_caller_waits() -> None:
-        deadline = time.monotonic() + 30
-        while done_batches() < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)  # the caller found nothing left to claim and waits for the helper
-        signal.pthread_kill(main_ident, signal.SIGINT)
-
     report = tmp_path / "r.json"
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        threading.Thread(target=interrupt_once_the_caller_waits, daemon=True).start()
+        sender, sent = interrupt_while_the_caller_waits(monkeypatch)
         code = main(["run", "--job", "ttl_expiry", "--report", str(report)])
+        sender.join()
     finally:
         signal.signal(signal.SIGINT, previous)
+    assert sent.is_set()  # the interrupt did land while the caller waited
     out, err = capsys.readouterr()
     assert helpers_alive() == []
     with cli_engine.connect() as conn:
