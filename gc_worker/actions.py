@@ -39,16 +39,21 @@ RESTORABLE = frozenset(
 
 # Actions whose ``row_version`` — and ``details.depends_on`` versions — are content versions
 # (``memory_gc_content_version``, migration 0010: every contract column but the access bookkeeping
-# and the worker's score) instead of ``xmin``: a merge, a contradiction and a model's importance
-# score rest on what the rows say, not on when they were last read, so a read between plan and
-# apply does not drift them. The jobs' candidates queries (sql/llm_jobs.sql, sql/importance.sql)
-# select that version; every other action keeps ``xmin``, since a read changes what usage, decay
-# and the cap decide.
+# and the worker's score) instead of ``xmin``. A merge, a contradiction and a model's importance
+# score rest on what the rows say, not on when they were last read; an erasure was asked for
+# whatever the application does with the memory meanwhile. A read between plan and apply does
+# not drift them. The jobs' row queries (sql/llm_jobs.sql, sql/importance.sql, sql/erasure.sql)
+# select that version. usage_prune, decay and user_cap keep ``xmin`` because a read changes
+# what they decide; ttl_expiry and hard_delete keep it too (the rows they act on are expired or
+# retired, off the read path).
 CONTENT_VERSIONED = frozenset(
     {
         ("contradiction", Kind.OBSOLETE),
         ("compaction", Kind.MERGE),
         ("importance", Kind.SET_IMPORTANCE),
+        ("erasure", Kind.SOFT_DELETE),
+        ("erasure", Kind.RESTORE),
+        ("erasure", Kind.HARD_DELETE),
     }
 )
 

@@ -1,7 +1,8 @@
 """One batch of a run, start to end: claimed with its users (gc_worker.claims), planned — before
 its transaction, with none open, when a job may ask the model (``asks_model``) — then applied
 (or stored, in a dry run) and marked done in one short transaction, whose drift check covers
-whatever changed while the model answered. ``process_next_batch`` does the next pending batch
+every edit made while the model answered (gc_worker.execute; for content-versioned actions a
+read's access stamp is no edit). ``process_next_batch`` does the next pending batch
 nobody else holds; gc_worker.engine walks a run with it.
 """
 

@@ -102,7 +102,9 @@ def merged_record(
         "observed_at": _iso(min(m.observed_at for m in members)),
         "valid_from": None if None in starts else _iso(min(starts)),
         "last_accessed_at": _iso(max(accessed)) if accessed else None,
-        "access_count": sum(int(m.access_count) for m in members),
+        # held to an integer column's range (merged_access re-reads it at apply, unclamped
+        # where the column is bigint)
+        "access_count": min(sum(int(m.access_count) for m in members), 2**31 - 1),
         "expires_at": _iso(_latest_or_none([m.expires_at for m in members])),
         "metadata": {
             "merge_depth": max(merge_depth(m) for m in members) + 1,

@@ -14,10 +14,11 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from gc_worker import db, schema
+from gc_worker import db, erasure, schema
 from gc_worker import engine as gc_engine
 from gc_worker.actions import CONTENT_VERSIONED, Kind
 from gc_worker.audit import load_planned
+from gc_worker.db import transaction
 from gc_worker.execute import execute as run_executor
 from gc_worker.report import build_report
 from gc_worker.restore import restore_run
@@ -25,6 +26,7 @@ from tests.conftest import TEST_DIM
 from tests.fake_model import FakeModel, fake_port
 from tests.store import NOW, acted_on, add, city_pair, days_ago, execute, get, run, status
 from tests.test_compaction import E0, unit
+from tests.test_erasure_helpers import merge, requests
 
 # what the request path writes when it puts a memory into a model context, and the worker's
 # own score refresh (another run of the user between plan and apply)
@@ -220,6 +222,49 @@ class TestImportance:
         assert get(engine, fact)["importance_assessed_at"] is None
 
 
+class TestErasure:
+    def test_a_memory_read_after_planning_is_still_forgotten(self, engine, settings):
+        """The user keeps talking; the application keeps retrieving the memory they asked to be
+        forgotten until it is gone. With xmin each read drifted the erasure and the request
+        stayed pending (under plan_then_apply, night after night)."""
+        fact = add(engine, "u1", "Lives at 12 Rue de Rivoli")
+        add(engine, "u1", "Likes chess")
+        with transaction(engine) as conn:
+            erasure.file_request(conn, memory_id=fact)
+        plan = run(engine, settings, jobs=["erasure"], dry_run=True)
+        execute(engine, READ, ids=[fact], now=NOW)
+        applied = apply(engine, plan)
+        assert applied["drifted"] == [] and get(engine, fact)["status_reason"] == "erasure"
+        assert requests(engine)[0]["status"] == "completed"
+
+    def test_an_edit_after_planning_waits_for_the_next_run(self, engine, settings):
+        fact = add(engine, "u1", "Lives at 12 Rue de Rivoli")
+        with transaction(engine) as conn:
+            erasure.file_request(conn, memory_id=fact)
+        plan = run(engine, settings, jobs=["erasure"], dry_run=True)
+        execute(engine, "UPDATE memories SET content = 'Lives at 14' WHERE id = :id", id=fact)
+        apply(engine, plan)
+        assert status(engine, fact) == "active" and requests(engine)[0]["status"] == "pending"
+        run(engine, settings, jobs=["erasure"])
+        assert get(engine, fact)["status_reason"] == "erasure"
+        assert requests(engine)[0]["status"] == "completed"
+
+
+class TestAccessCountRange:
+    def test_a_sum_of_uses_past_the_integer_range_is_held_to_it(self, engine, settings):
+        """Members used 2,147,483,000 and 1,000 times (and once more after planning): the
+        merged record's access_count is the column's maximum, not a failed batch."""
+        a = add(engine, "u1", "Has a dog named Rex.", embedding=E0, access_count=2_147_483_000)
+        b = add(engine, "u1", "has a dog named Rex", embedding=E0, access_count=1_000)
+        plan = run(engine, settings, jobs=["compaction"], dry_run=True)
+        assert acted_on(plan, "merge") == {str(a), str(b)}
+        execute(engine, READ, ids=[b], now=NOW)
+        applied = apply(engine, plan)
+        assert applied["drifted"] == [] and applied["status"] == "completed"
+        record = get(engine, get(engine, a)["superseded_by"])
+        assert record["access_count"] == 2**31 - 1
+
+
 class TestAccessRulesKeepXmin:
     def test_a_read_still_drifts_a_usage_prune(self, engine, settings):
         """usage_prune decides on the last use: a use since planning wins."""
@@ -240,6 +285,13 @@ class TestAccessRulesKeepXmin:
         add(engine, "u1", "expired", expires_at=days_ago(1))
         add(engine, "u1", "never used", created_at=days_ago(200), importance=3)
         add(engine, "u1", "Is training for a marathon in April")
+        # forgetting one source of a merged record: the record is erased, the other source
+        # reactivated (restore), both purged at once (purge_now: hard_delete)
+        forgotten = add(engine, "u1", "Lives at 12 Rue de Rivoli")
+        other = add(engine, "u1", "Lives near the Louvre")
+        merge(engine, "u1", [forgotten, other], "Lives at 12 Rue de Rivoli, near the Louvre", E0)
+        with transaction(engine) as conn:
+            erasure.file_request(conn, memory_id=forgotten, purge_now=True)
         with fake_port(engine, settings, FakeModel("good", dim=TEST_DIM)) as llm:
             plan = run(engine, settings, dry_run=True, llm=llm)
         rows = execute(

@@ -292,7 +292,8 @@ class TestErasureRun:
         merged = merge(engine, "u1", [a, b], "Keeps a parrot named Quokkaberry", [1.0] + [0.0] * 7)
         file(engine, memory_id=merged)
         plan = run(engine, settings, dry_run=True)
-        execute(engine, "UPDATE memories SET access_count = access_count + 1 WHERE id = :b", b=b)
+        execute(engine, "UPDATE memories SET metadata = jsonb_build_object('turn', 7)"
+                " WHERE id = :b", b=b)  # fmt: skip
         gc_engine.apply_plan(engine, UUID(plan["run_id"]))
         assert get(engine, merged)["status_reason"] == "erasure" and status(engine, b) == "merged"
         assert requests(engine)[0]["status"] == "pending"

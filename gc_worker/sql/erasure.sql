@@ -12,10 +12,11 @@ WHERE status = 'pending' AND user_id = ANY(:scope)
 ORDER BY requested_at, id
 
 -- erasure_rows --
--- Every memory of the users in scope, with its content (hashed in memory, never kept).
-SELECT id, user_id, xmin::text::bigint AS row_version, status, status_reason, superseded_by,
-       content
-FROM memories
+-- Every memory of the users in scope, with its content (hashed in memory, never kept). The row
+-- version is the content version (gc_worker.actions.CONTENT_VERSIONED).
+SELECT id, user_id, memory_gc_content_version(m) AS row_version, status, status_reason,
+       superseded_by, content
+FROM memories m
 WHERE user_id = ANY(:scope) AND NOT (id = ANY(:taken))
 ORDER BY user_id, id
 

@@ -1,17 +1,18 @@
-"""A memory's content version: what a merge or a contradiction was decided on, without the
-access bookkeeping.
+"""A memory's content version: what a merge, a contradiction, an importance score or an erasure
+was decided on, without the access bookkeeping.
 
 Revision ID: 0010
 
 ``memory_gc_content_version(memories)`` hashes every contract column of a row except the ones
 a mere read or the worker's score refresh writes (``last_accessed_at``, ``access_count``,
-``decayed_confidence``), the embedding included (a merge copies or averages it). Compaction's
-merges and contradiction's obsoletes record it as their row version (and the newer fact's, as
-their premise) instead of ``xmin``: the application putting a stale fact into a model context
-between a plan and its apply no longer drifts the plan that retires the fact — before, a fact
-read more often than plans were applied was never closed under ``plan_then_apply``. Any other
-write (content, embedding, slot, validity, pin, status, metadata …) still drifts it. See
-gc_worker.actions.CONTENT_VERSIONED.
+``decayed_confidence``), the embedding included (a merge copies or averages it); an adopted
+store's own extra columns are not in it. The actions of gc_worker.actions.CONTENT_VERSIONED
+record it as their row version (and a contradiction's newer fact's, as its premise) instead of
+``xmin``: the application putting a stale fact into a model context between a plan and its
+apply no longer drifts the plan that retires the fact — before, a fact read more often than
+plans were applied was never closed under ``plan_then_apply`` (nor erased, nor scored). Any
+other write to a contract column (content, embedding, slot, validity, pin, status, metadata …)
+still drifts it.
 
 Text is hashed by its bytes (``COLLATE "C"``): under a nondeterministic collation of the
 application's a case-only edit would otherwise hash the same. The body is a string, not a
