@@ -4,10 +4,11 @@ database, with every registered and enabled job, offline or with a well-behaved 
 Invariants: pinned rows are never touched (byte for byte, row version included); nothing is
 purged unless it was retired at least its retention window before the run; no action and no
 link spans two users; application-owned columns are never written; every change is audited;
-a dry run writes no memory and its apply executes exactly its plan; a second run right after
-changes nothing beyond what the first made new (records it created; rows it retired under a
-zero retention window; users whose rows a job after contradiction retired) and a fixpoint
-comes within four runs; restoring the runs, newest first, brings every row back.
+a dry run writes no memory and its apply executes exactly its plan, and a read of planned rows
+in between drifts exactly the actions that decide on use (with their groups); a second run
+right after changes nothing beyond what the first made new (records it created; rows it retired
+under a zero retention window; users whose rows a job after contradiction retired) and a
+fixpoint comes within four runs; restoring the runs, newest first, brings every row back.
 
 ``RELIABILITY_EXAMPLES`` (default 60) sets the examples per property, ``RELIABILITY_NO_SHRINK``
 skips shrinking (long soak runs).
@@ -28,7 +29,7 @@ from hypothesis import HealthCheck, Phase, event, given, note, settings
 from hypothesis import strategies as st
 
 from gc_worker import engine as gc_engine
-from gc_worker.actions import ERASURE_REASONS
+from gc_worker.actions import CONTENT_VERSIONED, ERASURE_REASONS, Kind
 from gc_worker.config import Settings
 from gc_worker.restore import restore_run
 from tests.fake_model import FakeModel, fake_port
@@ -349,6 +350,60 @@ class TestPlanThenApply:
             report = build_report(conn, apply_id)
         assert action_keys(report) == action_keys(plan) and report["drifted"] == []
         check_run(before, engine, report, policy)
+
+    @PROPERTY
+    @given(case=scenarios(), use_llm=st.booleans(), data=st.data())
+    def test_a_read_drifts_only_what_decides_on_use(self, store, case, use_llm, data):
+        """Between a dry run and its apply the application reads some of the rows the plan
+        names (last_accessed_at, access_count): exactly the actions that compare ``xmin`` on
+        those rows drift, with their groups; merges, contradictions, scores and erasures
+        (content versions, premises included) apply as planned."""
+        policy, engine = case.policy, store.fresh(case.rows)
+        note(case.table())
+        before = full_snapshot(engine)
+        plan = run_with(engine, policy, use_llm, dry_run=True)
+        named = sorted(
+            {UUID(a["memory_id"]) for a in changes(plan) if a["memory_id"]} & set(before)
+        )
+        subsets = st.sets(st.sampled_from(named)) if named else st.just(set())
+        read = data.draw(st.one_of(st.just(set(named)), subsets), label="read")  # all, or some
+        if read:
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        "UPDATE memories SET last_accessed_at = :at,"
+                        " access_count = access_count + 1 WHERE id = ANY(:ids)"
+                    ),
+                    {"ids": list(read), "at": NOW},
+                )
+        apply_id = gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+        with engine.connect() as conn:
+            from gc_worker.report import build_report
+
+            report = build_report(conn, apply_id)
+        versioned = {"review", "deferred", "create_merged"}  # kinds that record no row version
+        hit = [
+            a
+            for a in changes(plan)
+            if a["action"] not in versioned
+            and UUID(a["memory_id"]) in read
+            and (a["job"], Kind(a["action"])) not in CONTENT_VERSIONED
+        ]
+        groups = {a["details"].get("group") for a in hit} - {None}
+        expected = {_key(a) for a in hit} | {
+            _key(a) for a in changes(plan) if a["details"].get("group") in groups
+        }
+        event(f"read {len(read)} rows, {len(expected)} actions expected to drift")
+        for a in changes(plan):
+            on_read = a["memory_id"] is not None and UUID(a["memory_id"]) in read
+            if on_read and (a["job"], Kind(a["action"])) in CONTENT_VERSIONED:
+                event(f"a read row's {a['job']} {a['action']} must apply")
+        assert {_key(a) for a in report["drifted"]} == expected
+
+
+def _key(action: dict[str, Any]) -> tuple[str, str, str | None]:
+    memory_id = None if action["action"] == "create_merged" else action["memory_id"]
+    return action["job"], action["action"], memory_id
 
 
 def one_worker(policy: Settings) -> Settings:
