@@ -112,7 +112,8 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
       after the check;
     - ``details.user_active`` (user_cap): the user's active rows when the evictions were
       chosen; fewer now (the application deleted some) and evicting as planned would take the
-      user below the cap.
+      user below the cap;
+    - links made since planning that a merge or an erasure purge rests on (``_new_links``).
     """
     # a copy: a row lock_rows skipped (the application holds it) stays drifted for its own
     # action even when lock_dependencies can share-lock it as another action's premise
@@ -129,7 +130,38 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
         for a in actions
         if any(known.of(a, dep) != v for dep, v in _premises(a).items())
         or active.get(a.user_id, 0) < a.details.get("user_active", 0)
-    }
+    } | _new_links(conn, actions)
+
+
+def _new_links(conn: Connection, actions: Sequence[Action]) -> set[int]:
+    """ids() of actions that rest on links between rows — which no row version covers — made
+    since planning:
+
+    - a merge member some row now declares it supersedes: compaction leaves declared rows out,
+      because the merged record (a new id) would not be shadowed by the declaration — the stale
+      fact would be current again beside its correction;
+    - an erasure's purge of a row that has a derived record (same user) neither erased nor
+      erased in this batch: the purge's ON DELETE CASCADE would drop the lineage the request's
+      completion follows, and the request would complete with the derived text still active.
+      (Lineage to the row cannot be added during the batch: the row is locked FOR UPDATE.)
+    """
+    members = [a for a in actions if (a.job, a.action) == ("compaction", Kind.MERGE)]
+    purges = [a for a in actions if (a.job, a.action) == ("erasure", Kind.HARD_DELETE)]
+    bad: set[UUID] = set()
+    if members:
+        params = {"ids": [a.memory_id for a in members],
+                  "users": sorted({a.user_id for a in members})}  # fmt: skip
+        bad |= set(conn.execute(q("declared_superseded"), params).scalars())
+    if purges:
+        erasing = [
+            a.memory_id
+            for a in actions
+            if a.job == "erasure" and a.action is Kind.SOFT_DELETE and a.memory_id is not None
+        ]
+        params = {"ids": [a.memory_id for a in purges], "erasing": erasing,
+                  "erasure_reasons": list(ERASURE_REASONS)}  # fmt: skip
+        bad |= set(conn.execute(q("purge_with_live_derived"), params).scalars())
+    return {id(a) for a in [*members, *purges] if a.memory_id in bad}
 
 
 def _premises(action: Action) -> dict[UUID, int]:

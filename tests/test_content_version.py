@@ -20,6 +20,7 @@ from gc_worker.actions import CONTENT_VERSIONED, Kind
 from gc_worker.audit import load_planned
 from gc_worker.db import transaction
 from gc_worker.execute import execute as run_executor
+from gc_worker.read_rule import current_memories
 from gc_worker.report import build_report
 from gc_worker.restore import restore_run
 from tests.conftest import TEST_DIM
@@ -248,6 +249,49 @@ class TestErasure:
         run(engine, settings, jobs=["erasure"])
         assert get(engine, fact)["status_reason"] == "erasure"
         assert requests(engine)[0]["status"] == "completed"
+
+
+class TestLinksMadeSincePlanning:
+    """Links between rows are in no row's version: the ones a merge or an erasure purge rests on
+    are checked again at apply. (With xmin the read that comes with them usually drifted the
+    action; without the read these were gaps before too.)"""
+
+    def test_a_purge_now_waits_for_a_record_derived_after_planning(self, engine, settings):
+        """forget --purge-now: the application reads the memory and stores a summary of it
+        (lineage) before the apply. The purge would cascade the lineage away and the request
+        complete with the summary active; it drifts instead, and the next run erases both."""
+        fact = add(engine, "u1", "Lives at 12 Rue de Rivoli")
+        with transaction(engine) as conn:
+            erasure.file_request(conn, memory_id=fact, purge_now=True)
+        plan = run(engine, settings, jobs=["erasure"], dry_run=True)
+        summary = add(engine, "u1", "Home: 12 Rue de Rivoli, Paris")
+        execute(engine, READ, ids=[fact], now=NOW)
+        execute(engine, "INSERT INTO memory_lineage (derived_id, source_id) VALUES (:d, :s)",
+                d=summary, s=fact)  # fmt: skip
+        applied = apply(engine, plan)
+        assert ("hard_delete", str(fact)) in {
+            (d["action"], d["memory_id"]) for d in applied["drifted"]
+        }
+        assert requests(engine)[0]["status"] == "pending" and get(engine, fact) is not None
+        run(engine, settings, jobs=["erasure"])
+        assert get(engine, fact) is None and get(engine, summary) is None
+        assert requests(engine)[0]["status"] == "completed"
+
+    def test_a_merge_waits_when_its_members_were_declared_superseded(self, engine, settings):
+        """The agent retrieves two copies of a fact, the user corrects it, and the application
+        writes the correction declaring it supersedes both: merged, the stale fact (a new id
+        no declaration names) would be current again beside its correction."""
+        a = add(engine, "u1", "Lives in Paris.", created_at=days_ago(9), embedding=E0)
+        b = add(engine, "u1", "lives in paris", created_at=days_ago(4), embedding=E0)
+        plan = run(engine, settings, jobs=["compaction"], dry_run=True)
+        assert acted_on(plan, "merge") == {str(a), str(b)}
+        execute(engine, READ, ids=[a, b], now=NOW)
+        add(engine, "u1", "Moved to Berlin", created_at=days_ago(1), supersedes=[a, b])
+        applied = apply(engine, plan)
+        assert {d["memory_id"] for d in applied["drifted"]} >= {str(a), str(b)}
+        assert status(engine, a) == status(engine, b) == "active"
+        current = [m["content"] for m in current_memories(engine, "u1", None, NOW)]
+        assert current == ["Moved to Berlin"]
 
 
 class TestAccessCountRange:

@@ -26,6 +26,24 @@ WHERE id = ANY(:ids)
 ORDER BY id
 FOR SHARE SKIP LOCKED
 
+-- declared_superseded --
+-- Merge members that an active or obsolete row of their users declares it supersedes now
+-- (compaction_candidates leaves such rows out).
+SELECT DISTINCT d.id
+FROM memories o CROSS JOIN LATERAL unnest(o.supersedes) AS d(id)
+WHERE o.user_id = ANY(:users) AND o.status IN ('active', 'obsolete')
+  AND o.supersedes && CAST(:ids AS uuid[]) AND d.id = ANY(:ids)
+
+-- purge_with_live_derived --
+-- Rows an erasure purge would delete that have a derived record of the same user neither erased
+-- nor erased by this batch (:erasing).
+SELECT DISTINCT l.source_id
+FROM memory_lineage l
+JOIN memories s ON s.id = l.source_id
+JOIN memories d ON d.id = l.derived_id AND d.user_id = s.user_id
+WHERE l.source_id = ANY(:ids) AND NOT (d.id = ANY(:erasing))
+  AND NOT (d.status = 'deleted' AND d.status_reason = ANY(:erasure_reasons))
+
 -- active_counts --
 -- Active rows per user (user_cap's premise, details.user_active).
 SELECT user_id, count(*) AS active
