@@ -243,12 +243,17 @@ def interrupt_while_the_caller_waits(monkeypatch) -> tuple[threading.Thread, thr
     helper_busy = threading.Event()
     caller_waits = threading.Event()
 
+    caller_started = threading.Event()
+
     def hook(name: str) -> None:
         if name.startswith(HELPER):
             helper_busy.set()
             time.sleep(3.0)
             with gate:
                 helper_busy.clear()
+        elif not caller_started.is_set():  # a loaded machine may start the helper late: the
+            caller_started.set()  # caller waits for it in its first batch, or it could take
+            helper_busy.wait(30)  # every batch and nobody would be left to wait for
 
     planning_threads(monkeypatch, hook=hook)
     real_work = gc_engine._work_run

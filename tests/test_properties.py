@@ -362,9 +362,9 @@ class TestPlanThenApply:
         note(case.table())
         before = full_snapshot(engine)
         plan = run_with(engine, policy, use_llm, dry_run=True)
-        named = sorted(
-            {UUID(a["memory_id"]) for a in changes(plan) if a["memory_id"]} & set(before)
-        )
+        named = {UUID(a["memory_id"]) for a in changes(plan) if a["memory_id"]}
+        named |= {UUID(d) for a in changes(plan) for d in a["details"].get("depends_on", {})}
+        named = sorted(named & set(before))  # rows acted on, and rows decisions rest on
         subsets = st.sets(st.sampled_from(named)) if named else st.just(set())
         read = data.draw(st.one_of(st.just(set(named)), subsets), label="read")  # all, or some
         if read:
@@ -398,12 +398,13 @@ class TestPlanThenApply:
             on_read = a["memory_id"] is not None and UUID(a["memory_id"]) in read
             if on_read and (a["job"], Kind(a["action"])) in CONTENT_VERSIONED:
                 event(f"a read row's {a['job']} {a['action']} must apply")
+            if any(UUID(d) in read for d in a["details"].get("depends_on", {})):
+                event(f"a read premise's {a['job']} {a['action']} must apply")
         assert {_key(a) for a in report["drifted"]} == expected
 
 
 def _key(action: dict[str, Any]) -> tuple[str, str, str | None]:
-    memory_id = None if action["action"] == "create_merged" else action["memory_id"]
-    return action["job"], action["action"], memory_id
+    return action["job"], action["action"], action["memory_id"]  # an apply keeps created ids
 
 
 def one_worker(policy: Settings) -> Settings:
