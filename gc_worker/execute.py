@@ -52,7 +52,8 @@ def execute(
 ) -> Outcome:
     """Apply ``actions`` (in plan order) in ``conn``'s transaction; see the module docstring."""
     versions, prior = lock_rows(conn, actions)
-    drifted = drifted_actions(actions, versions, broken_premises(conn, actions, versions))
+    broken = broken_premises(conn, actions, versions)
+    drifted = _hold_purges(conn, actions, versions, broken)
     outcome = Outcome(prior=prior)
     for action in actions:
         (outcome.drifted if id(action) in drifted else outcome.applied).append(action)
@@ -113,7 +114,7 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
     - ``details.user_active`` (user_cap): the user's active rows when the evictions were
       chosen; fewer now (the application deleted some) and evicting as planned would take the
       user below the cap;
-    - links made since planning that a merge or an erasure purge rests on (``_new_links``).
+    - a link made since planning that a merge rests on (``_new_links``).
     """
     # a copy: a row lock_rows skipped (the application holds it) stays drifted for its own
     # action even when lock_dependencies can share-lock it as another action's premise
@@ -133,35 +134,74 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
     } | _new_links(conn, actions)
 
 
-def _new_links(conn: Connection, actions: Sequence[Action]) -> set[int]:
-    """ids() of actions that rest on links between rows — which no row version covers — made
-    since planning:
-
-    - a merge member some row now declares it supersedes: compaction leaves declared rows out,
-      because the merged record (a new id) would not be shadowed by the declaration — the stale
-      fact would be current again beside its correction;
-    - an erasure's purge of a row that has a derived record (same user) neither erased nor
-      erased in this batch: the purge's ON DELETE CASCADE would drop the lineage the request's
-      completion follows, and the request would complete with the derived text still active.
-      (Lineage to the row cannot be added during the batch: the row is locked FOR UPDATE.)
-    """
-    members = [a for a in actions if (a.job, a.action) == ("compaction", Kind.MERGE)]
-    purges = [a for a in actions if (a.job, a.action) == ("erasure", Kind.HARD_DELETE)]
-    bad: set[UUID] = set()
-    if members:
-        params = {"ids": [a.memory_id for a in members],
-                  "users": sorted({a.user_id for a in members})}  # fmt: skip
-        bad |= set(conn.execute(q("declared_superseded"), params).scalars())
-    if purges:
-        erasing = [
-            a.memory_id
+def _hold_purges(
+    conn: Connection, actions: Sequence[Action], versions: Versions, broken: set[int]
+) -> set[int]:
+    """The drifted actions (drifted_actions), with erasure purges held back while what they
+    rest on does not apply. A purge's ON DELETE CASCADE drops the row's lineage, which is how a
+    request's completion reaches the records derived from it and the records a requested memory
+    was made from: purged while one of those is not erased, the request would complete with
+    that text still stored (and verify-erasure would find the store clean). So a purge of an
+    erased row — by erasure (--purge-now) or by hard_delete after the retention — drifts while
+    a record derived from it (same user) is neither erased nor erased by an action of this
+    batch that applies, and an erasure purge drifts while another erasure action of its
+    requests drifts. A held purge can hold back its group: repeated until nothing changes."""
+    drifted = drifted_actions(actions, versions, broken)
+    while True:
+        held = _purges_with_live_derived(conn, actions, drifted)
+        open_requests = {
+            r
             for a in actions
-            if a.job == "erasure" and a.action is Kind.SOFT_DELETE and a.memory_id is not None
-        ]
-        params = {"ids": [a.memory_id for a in purges], "erasing": erasing,
-                  "erasure_reasons": list(ERASURE_REASONS)}  # fmt: skip
-        bad |= set(conn.execute(q("purge_with_live_derived"), params).scalars())
-    return {id(a) for a in [*members, *purges] if a.memory_id in bad}
+            if id(a) in drifted and a.job == "erasure"
+            for r in a.details.get("request_ids", ())
+        }
+        held |= {
+            id(a)
+            for a in actions
+            if a.job == "erasure" and a.action is Kind.HARD_DELETE
+            and open_requests & set(a.details.get("request_ids", ()))
+        }  # fmt: skip
+        if held <= drifted:
+            return drifted
+        broken = broken | held
+        drifted = drifted_actions(actions, versions, broken)
+
+
+def _purges_with_live_derived(
+    conn: Connection, actions: Sequence[Action], drifted: set[int]
+) -> set[int]:
+    purges = [
+        a
+        for a in actions
+        if a.action is Kind.HARD_DELETE and id(a) not in drifted
+        and (a.job == "erasure" or a.details.get("status_reason") in ERASURE_REASONS)
+    ]  # fmt: skip
+    if not purges:
+        return set()
+    erasing = [
+        a.memory_id
+        for a in actions
+        if a.job == "erasure" and a.action is Kind.SOFT_DELETE and id(a) not in drifted
+    ]
+    params = {"ids": [a.memory_id for a in purges], "erasing": erasing,
+              "erasure_reasons": list(ERASURE_REASONS)}  # fmt: skip
+    live = set(conn.execute(q("purge_with_live_derived"), params).scalars())
+    return {id(a) for a in purges if a.memory_id in live}
+
+
+def _new_links(conn: Connection, actions: Sequence[Action]) -> set[int]:
+    """ids() of merges resting on a link — which no row version covers — made since planning:
+    a member some active or obsolete row of the user now declares it supersedes. Compaction
+    leaves declared rows out, because the merged record (a new id) would not be shadowed by the
+    declaration: the stale fact would be current again beside its correction. (Erasure purges
+    rest on lineage: _hold_purges.)"""
+    members = [a for a in actions if (a.job, a.action) == ("compaction", Kind.MERGE)]
+    if not members:
+        return set()
+    params = {"ids": [a.memory_id for a in members],
+              "users": sorted({a.user_id for a in members})}  # fmt: skip
+    declared = set(conn.execute(q("declared_superseded"), params).scalars())
+    return {id(a) for a in members if a.memory_id in declared}
 
 
 def _premises(action: Action) -> dict[UUID, int]:

@@ -32,11 +32,13 @@ FOR SHARE SKIP LOCKED
 SELECT DISTINCT d.id
 FROM memories o CROSS JOIN LATERAL unnest(o.supersedes) AS d(id)
 WHERE o.user_id = ANY(:users) AND o.status IN ('active', 'obsolete')
-  AND o.supersedes && CAST(:ids AS uuid[]) AND d.id = ANY(:ids)
+  AND cardinality(o.supersedes) > 0 AND d.id = ANY(:ids)
+-- (not `supersedes && :ids`: that compares each declaring row's array with every member, while
+-- `d.id = ANY(:ids)` hashes the list: 18.6 s against 0.27 s for 100k members, 40k declarers)
 
 -- purge_with_live_derived --
--- Rows an erasure purge would delete that have a derived record of the same user neither erased
--- nor erased by this batch (:erasing).
+-- Rows a purge of erased rows would delete that have a derived record of the same user neither
+-- erased nor erased by this batch (:erasing, the erasure soft deletes that apply).
 SELECT DISTINCT l.source_id
 FROM memory_lineage l
 JOIN memories s ON s.id = l.source_id
