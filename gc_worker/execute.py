@@ -1,12 +1,13 @@
 """The one executor: carries out a batch's actions inside the caller's transaction.
 
-1. Lock every row the actions name and compare its version (xmin; for a merge or a
-   contradiction, its content version — gc_worker.actions.CONTENT_VERSIONED) with the one
-   recorded when the action was planned. A row that is gone or changed has *drifted*: its
-   action — and every action of the same group — is skipped and reported, never applied. A row
-   an application transaction holds right now is skipped too (``SKIP LOCKED``), never waited
-   for, so the worker cannot deadlock with the request path; it is planned again next run. An action
-   whose decision rested on other rows (``broken_premises``) drifts if those changed.
+1. Lock every row the actions name and compare its version (xmin; for merges, contradiction
+   obsoletes, importance scores and erasures its content version:
+   gc_worker.actions.CONTENT_VERSIONED) with the one recorded when the action was planned. A
+   row that is gone or changed has *drifted*: its action — and every action of the same group
+   — is skipped and reported, never applied. A row an application transaction holds right now
+   is skipped too (``SKIP LOCKED``), never waited for, so the worker cannot deadlock with the
+   request path; it is planned again next run. An action whose decision rested on other rows
+   (``broken_premises``) drifts if those changed.
 2. Apply the rest with set-based statements, each checked against the count it was given
    (a mismatch raises, and the caller's transaction rolls back whole).
 3. Return what was applied with each row's prior state, for the audit and for restore.
@@ -114,7 +115,7 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
     - ``details.user_active`` (user_cap): the user's active rows when the evictions were
       chosen; fewer now (the application deleted some) and evicting as planned would take the
       user below the cap;
-    - a link made since planning that a merge rests on (``_new_links``).
+    - a link made since planning that a merge rests on (``_merges_on_declared_rows``).
     """
     # a copy: a row lock_rows skipped (the application holds it) stays drifted for its own
     # action even when lock_dependencies can share-lock it as another action's premise
@@ -131,7 +132,7 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
         for a in actions
         if any(known.of(a, dep) != v for dep, v in _premises(a).items())
         or active.get(a.user_id, 0) < a.details.get("user_active", 0)
-    } | _new_links(conn, actions)
+    } | _merges_on_declared_rows(conn, actions)
 
 
 def _hold_purges(
@@ -189,7 +190,7 @@ def _purges_with_live_derived(
     return {id(a) for a in purges if a.memory_id in live}
 
 
-def _new_links(conn: Connection, actions: Sequence[Action]) -> set[int]:
+def _merges_on_declared_rows(conn: Connection, actions: Sequence[Action]) -> set[int]:
     """ids() of merges resting on a link — which no row version covers — made since planning:
     a member some active or obsolete row of the user now declares it supersedes. Compaction
     leaves declared rows out, because the merged record (a new id) would not be shadowed by the

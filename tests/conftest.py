@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,22 @@ from gc_worker.config import EmbeddingSettings, Settings
 
 TEST_DIM = 8
 TEMPLATE = "memory_gc_template"
+
+
+@contextmanager
+def migrating(url: str):
+    """(Alembic config, connection) for stepping migrations one by one on an empty database, in
+    one transaction, at the tests' embedding dimension."""
+    engine = db.make_engine(url)
+    try:
+        cfg = schema._alembic_config()
+        with engine.begin() as conn:
+            cfg.attributes["connection"], cfg.attributes["embedding_dim"] = conn, TEST_DIM
+            yield cfg, conn
+    finally:
+        engine.dispose()
+
+
 _counter = itertools.count()
 
 

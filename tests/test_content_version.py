@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from gc_worker import db, erasure, schema
 from gc_worker import engine as gc_engine
+from gc_worker import erasure
 from gc_worker.actions import CONTENT_VERSIONED, Kind
 from gc_worker.audit import load_planned
 from gc_worker.db import transaction
@@ -23,7 +23,7 @@ from gc_worker.execute import execute as run_executor
 from gc_worker.read_rule import current_memories
 from gc_worker.report import build_report
 from gc_worker.restore import restore_run
-from tests.conftest import TEST_DIM
+from tests.conftest import TEST_DIM, migrating
 from tests.fake_model import FakeModel, fake_port
 from tests.store import NOW, acted_on, add, city_pair, days_ago, execute, get, run, status
 from tests.test_compaction import E0, unit
@@ -354,16 +354,10 @@ class TestAccessRulesKeepXmin:
 
 
 def test_migration_0010_round_trip(empty_database_url):
-    engine = db.make_engine(empty_database_url)
-    try:
-        cfg = schema._alembic_config()
-        with engine.begin() as conn:
-            cfg.attributes["connection"], cfg.attributes["embedding_dim"] = conn, TEST_DIM
-            command.upgrade(cfg, "0010")
-            exists = "SELECT count(*) FROM pg_proc WHERE proname = 'memory_gc_content_version'"
-            assert conn.exec_driver_sql(exists).scalar() == 1
-            command.downgrade(cfg, "0009")
-            assert conn.exec_driver_sql(exists).scalar() == 0
-            command.upgrade(cfg, "head")
-    finally:
-        engine.dispose()
+    exists = "SELECT count(*) FROM pg_proc WHERE proname = 'memory_gc_content_version'"
+    with migrating(empty_database_url) as (cfg, conn):
+        command.upgrade(cfg, "0010")
+        assert conn.exec_driver_sql(exists).scalar() == 1
+        command.downgrade(cfg, "0009")
+        assert conn.exec_driver_sql(exists).scalar() == 0
+        command.upgrade(cfg, "head")

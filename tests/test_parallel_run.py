@@ -87,6 +87,19 @@ def outline(report: dict[str, Any]) -> dict[str, Any]:
     return {job: (row["actions"], row["by_action"]) for job, row in report["jobs"].items()}
 
 
+def working_threads(monkeypatch) -> list[str]:
+    """The names of the threads that take part in a run, one entry each (``_work_run``)."""
+    seen: list[str] = []
+    real = gc_engine._work_run
+
+    def work_run(*args: Any, **kwargs: Any) -> Any:
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    return seen
+
+
 def helpers_alive() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith(HELPER)]
 
@@ -410,14 +423,7 @@ def test_apply_works_with_this_processs_workers_not_the_plans(cli_env, monkeypat
         cli_engine, PARALLEL, RunRequest(mode="dry_run", now=NOW, jobs=resolve_jobs([], PARALLEL))
     )
     cli_engine.dispose()
-    seen: list[str] = []  # the threads that work the apply run (an apply plans nothing)
-    real = gc_engine._work_run
-
-    def work_run(*args: Any, **kwargs: Any) -> Any:
-        seen.append(threading.current_thread().name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    seen = working_threads(monkeypatch)  # an apply plans nothing: its threads work the run
     monkeypatch.setenv("MEMORY_GC_RUN__WORKERS", "1")
     assert main(["apply", str(plan_id)]) == 0
     assert seen == ["MainThread"], seen
@@ -548,14 +554,7 @@ def test_run_workers_at_its_bounds(cli_env, monkeypatch, workers, threads):
 
     cli_engine = db.make_engine(cli_env)
     seed(cli_engine, rows())
-    seen: list[str] = []
-    real = gc_engine._work_run
-
-    def work_run(*args: Any, **kwargs: Any) -> Any:
-        seen.append(threading.current_thread().name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    seen = working_threads(monkeypatch)
     monkeypatch.setenv("MEMORY_GC_RUN__BATCH_USERS", "1")
     monkeypatch.setenv("MEMORY_GC_RUN__WORKERS", workers)
     assert main(["run", "--job", "ttl_expiry"]) == 0
