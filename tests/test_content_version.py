@@ -293,8 +293,29 @@ class TestLinksMadeSincePlanning:
         current = [m["content"] for m in current_memories(engine, "u1", None, NOW)]
         assert current == ["Moved to Berlin"]
 
+    @pytest.mark.parametrize(("declarer", "drifts"), [("obsolete", True), ("deleted", False)])
+    def test_which_declarations_hold_a_merge(self, engine, settings, declarer, drifts):
+        """The declarers compaction itself leaves rows out for (active, obsolete) hold the
+        merge; a deleted one does not."""
+        a = add(engine, "u1", "Lives in Paris.", created_at=days_ago(9), embedding=E0)
+        add(engine, "u1", "lives in paris", created_at=days_ago(4), embedding=E0)
+        plan = run(engine, settings, jobs=["compaction"], dry_run=True)
+        add(engine, "u1", "Moved to Berlin", supersedes=[a], status=declarer)
+        applied = apply(engine, plan)
+        assert bool(applied["drifted"]) is drifts
+        assert status(engine, a) == ("active" if drifts else "merged")
+
 
 class TestAccessCountRange:
+    def test_a_sum_just_inside_the_integer_range_is_kept(self, engine, settings):
+        a = add(engine, "u1", "Has a dog named Rex.", embedding=E0, access_count=2_147_483_000)
+        b = add(engine, "u1", "has a dog named Rex", embedding=E0, access_count=645)
+        plan = run(engine, settings, jobs=["compaction"], dry_run=True)
+        execute(engine, READ, ids=[b], now=NOW)
+        apply(engine, plan)
+        record = get(engine, get(engine, a)["superseded_by"])
+        assert record["access_count"] == 2**31 - 2
+
     def test_a_sum_of_uses_past_the_integer_range_is_held_to_it(self, engine, settings):
         """Members used 2,147,483,000 and 1,000 times (and once more after planning): the
         merged record's access_count is the column's maximum, not a failed batch."""

@@ -46,6 +46,25 @@ def forget_later(engine, fact, **kw):
 
 
 class TestPurgeNow:
+    def test_a_derived_record_erased_in_the_same_batch_does_not_hold_the_purge(
+        self, engine, settings
+    ):
+        """Just outside: the summary existed at planning and its erasure applies beside the
+        fact's: both are purged and the request completes in one run."""
+        fact, summary = fact_and_summary(engine)
+        erasure.forget(engine, settings, now=NOW, memory_id=fact, purge_now=True)
+        assert get(engine, fact) is None and get(engine, summary) is None
+        assert requests(engine)[0]["status"] == "completed"
+
+    def test_a_derived_record_of_another_user_does_not_hold_the_purge(self, engine, settings):
+        """Lineage to another user's record (which the worker never writes) is not followed."""
+        fact = add(engine, "u1", "Lives at 12 Rue de Rivoli")
+        foreign = add(engine, "u2", "Summary mentioning Rue de Rivoli")
+        execute(engine, LINK, d=foreign, s=fact)
+        erasure.forget(engine, settings, now=NOW, memory_id=fact, purge_now=True)
+        assert get(engine, fact) is None and status(engine, foreign) == "active"
+        assert requests(engine)[0]["status"] == "completed"
+
     def test_a_derived_records_erasure_that_drifts_holds_the_purge(self, engine, settings):
         """The summary is edited between plan and apply: its erasure drifts, so the fact's
         purge must not apply (it counted the summary as erased in this batch)."""
