@@ -52,6 +52,9 @@ class RunSettings(Section):
     lease_seconds: int = Field(300, ge=10, le=86_400)
     max_actions_per_statement: int = Field(10_000, ge=100, le=1_000_000)
     skip_idle_users: bool = True
+    # a run over every user refreshes decay scores in one pass over the table after its batches
+    # (gc_worker.score_pass); false: each batch refreshes its users' scores
+    score_pass: bool = True
     # an older plan is refused by `apply`: its changes carry the plan's instant (retention and
     # the read rule's history would be off by its age) and the store has moved on since
     max_plan_age_hours: float = Field(72, gt=0, le=24 * 366)

@@ -31,7 +31,7 @@ import structlog
 from sqlalchemy.engine import Connection, Engine
 
 import jobs
-from gc_worker import audit, claims, erasure, triage
+from gc_worker import audit, claims, erasure, score_pass, triage
 from gc_worker.batch_run import process_next_batch
 from gc_worker.claims import participating
 from gc_worker.config import Settings
@@ -99,6 +99,7 @@ def start_run(
         size = settings.run.batch_users
         batches = [users[i : i + size] for i in range(0, len(users), size)]
         _insert_batches(conn, run_id, batches, found)
+        conn.execute(q("set_score_pass"), {"run_id": run_id, "enabled": settings.run.score_pass})
     log.info(
         "gc.run_started", run_id=str(run_id), mode=request.mode, users=len(users),
         users_without_work=len(everyone) - len(users),
@@ -151,6 +152,8 @@ def start_apply(
         ):
             raise UsageError(f"run {plan_run_id} is already being applied; see `memory-gc report`")
         conn.execute(q("copy_batches"), {"run_id": run_id, "plan_run_id": plan_run_id})
+        enabled = settings_of(plan).run.score_pass
+        conn.execute(q("set_score_pass"), {"run_id": run_id, "enabled": enabled})
     return run_id
 
 
@@ -264,14 +267,34 @@ def process_run(
     """
     if llm is not None:
         llm.begin_run()
-    helpers = _helpers_wanted(engine, run_id, settings.run.workers if workers is None else workers)
-    if helpers == 0:
-        with participating(engine, run_id) if participate else contextlib.nullcontext():
-            return _work_run(engine, run_id, settings, llm, on_batch, should_stop)
-    return _work_parallel(
-        engine, run_id, settings, llm, on_batch, should_stop, helpers=helpers,
-        participate=participate,
-    )  # fmt: skip
+    workers = settings.run.workers if workers is None else workers
+    helpers = _helpers_wanted(engine, run_id, workers)
+    try:
+        if helpers == 0:
+            with participating(engine, run_id) if participate else contextlib.nullcontext():
+                closed = _work_run(engine, run_id, settings, llm, on_batch, should_stop)
+        else:
+            closed = _work_parallel(
+                engine, run_id, settings, llm, on_batch, should_stop, helpers=helpers,
+                participate=participate,
+            )  # fmt: skip
+    except RunFailed:  # closed with failed batches: the others' scores are refreshed all the same
+        _score_pass(engine, run_id, settings, workers, should_stop)
+        raise
+    if closed:
+        _score_pass(engine, run_id, settings, workers, should_stop)
+    return closed
+
+
+def _score_pass(
+    engine: Engine, run_id: UUID, settings: Settings, workers: int,
+    should_stop: Callable[[], bool] | None,
+) -> None:  # fmt: skip
+    """The score pass of a run this call closed, if it has one (gc_worker.score_pass)."""
+    with translated_errors(), engine.connect() as conn:
+        run = load_run(conn, run_id)
+    if run["score_pass"]:
+        score_pass.refresh_scores(engine, run, settings, workers=workers, should_stop=should_stop)
 
 
 def _helpers_wanted(engine: Engine, run_id: UUID, workers: int) -> int:

@@ -97,6 +97,8 @@ def _job_counters(conn: Connection, run: dict[str, Any]) -> dict[str, dict[str, 
             row = rows.setdefault(job, {"actions": 0, "by_action": {}, "skipped": 0})
             for key, value in counters.items():
                 row[key] = row.get(key, 0) + value
+    if run.get("scores_refreshed") and "decay" in rows:  # its score pass (gc_worker.score_pass)
+        rows["decay"]["refreshed"] = rows["decay"].get("refreshed", 0) + run["scores_refreshed"]
     for row in rows.values():
         row["skipped"] = row.get("skipped", 0) + row.get("drifted", 0)
     return rows

@@ -41,6 +41,11 @@ USERS = ("u1 'quoted'", "u2 ユーザー", "u3; DROP")
 BATCHED = Settings.model_validate(
     {"embeddings": {"dim": 8}, "run": {"batch_users": 1, "workers": 1}}
 )
+# scores refreshed in each batch's transaction (a run over every user otherwise refreshes them
+# in one pass after its batches: tests/test_score_pass.py)
+BATCH_REFRESH = BATCHED.model_copy(
+    update={"run": BATCHED.run.model_copy(update={"score_pass": False})}
+)
 
 
 class Injected(Exception):
@@ -290,11 +295,12 @@ class TestAbortInsideBatch:
         before = full_snapshot(engine)
         owner, name = INSIDE_BATCH[point]
         monkeypatch.setattr(owner, name, failing_on(2, getattr(owner, name), raise_injected))
+        settings = BATCH_REFRESH if point == "refresh" else BATCHED
         with pytest.raises(RunFailed, match="Injected: injected fault"):
-            run(engine, BATCHED)
+            run(engine, settings)
         check_isolated(engine, before, failed_batch=1)
         monkeypatch.undo()
-        converge(engine, twin, ids, BATCHED)
+        converge(engine, twin, ids, settings)
 
     def test_failed_apply_of_a_plan(self, engine, twin, monkeypatch):
         """An apply that fails in batch 2 keeps batch 1; a fresh plan and apply then converge."""

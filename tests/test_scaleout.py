@@ -245,9 +245,11 @@ class TestKilledWorker:
     def kill_mid_batch(self, engine, workers, tmp_path, *args: str) -> int:
         """Start a worker that hangs inside its 4th batch, SIGKILL it; the batch it held."""
         hung = tmp_path / "hung"
-        # one thread: its 4th batch is the run's 4th (batches 0-2 done before it)
+        # one thread: its 4th batch is the run's 4th (batches 0-2 done before it); scores
+        # refreshed in each batch (the hook hangs in that refresh), not in a pass after them
         victim = workers(
-            *args, GC_TEST_HANG_AT="4", GC_TEST_HUNG=str(hung), MEMORY_GC_RUN__WORKERS="1"
+            *args, GC_TEST_HANG_AT="4", GC_TEST_HUNG=str(hung), MEMORY_GC_RUN__WORKERS="1",
+            MEMORY_GC_RUN__SCORE_PASS="false",
         )
         wait_for(hung.exists, 120, "the worker to hang in its 4th batch")
         (held,) = execute(

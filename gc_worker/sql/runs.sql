@@ -197,3 +197,28 @@ WHERE id = :run_id AND status = 'running'
         AND l.objid = CAST(hashtext(CAST(:run_id AS text)) AS oid)
         AND l.pid <> ALL(CAST(:own_pids AS int[])))
 RETURNING id
+
+-- set_score_pass --
+-- Whether a run refreshes decay scores in one pass over the table after its batches
+-- (gc_worker.score_pass) instead of batch by batch: an apply over every user, decay among its
+-- jobs, more than one batch (one batch reads only its own users' rows: cheaper than the table),
+-- and run.score_pass (:enabled) on.
+UPDATE gc_runs SET score_pass = true
+WHERE id = :run_id AND :enabled AND mode = 'apply' AND users IS NULL AND 'decay' = ANY(jobs)
+  AND (SELECT count(*) FROM gc_run_batches b WHERE b.run_id = :run_id) > 1
+
+-- score_pass_pages --
+-- The pages of memories now (a score pass covers them in ranges; the last range is open).
+SELECT pg_relation_size('memories') / current_setting('block_size')::bigint
+
+-- score_pass_skip --
+-- The users a score pass leaves alone: those of the run's failed batches.
+SELECT coalesce(array_agg(u), '{}') FROM gc_run_batches b, unnest(b.users) AS u
+WHERE b.run_id = :run_id AND b.state = 'failed'
+
+-- score_pass_count --
+-- Add one page range's rewritten scores to the run's count (in that range's transaction).
+UPDATE gc_runs
+SET scores_refreshed = coalesce(scores_refreshed, 0) + :refreshed,
+    finished_at = greatest(finished_at, clock_timestamp())
+WHERE id = :run_id

@@ -1,0 +1,133 @@
+"""A run's score pass: decay scores refreshed in one pass over the table, after the batches.
+
+A batch refreshes its users' scores where their rows lie, and a user's rows are spread over the
+whole table: in a run over every user, each batch reads and rewrites most of the table's pages,
+so each page is read, dirtied and written once per batch. A run over every user with more than
+one batch (``gc_runs.score_pass``, set when the run starts: sql/runs.sql ``set_score_pass``)
+therefore leaves the refresh to this pass, which walks the table's pages in physical order in
+ranges of ``PAGES`` pages, each range one short transaction (``decay_refresh_pages``), ``workers``
+ranges at a time. It runs once the run is closed: every batch's retirements are applied, so
+only rows still active are refreshed, exactly as the batches would have.
+
+The pass writes only ``decayed_confidence``, the worker's own column, which no decision reads
+back (decay computes the score itself, and content versions leave the column out), so it
+changes no plan of a later or concurrent run but the ``xmin``-versioned actions on rows it
+rewrites, which drift as after any write. As everywhere, a row the application holds is skipped
+(``SKIP LOCKED``), never waited for. The users of failed batches are left as they were. A pass
+that stops (a stop request, a lost database) leaves the rest to the next run, which finds them
+still due; it does not fail the run, whose actions are all applied. The count of rewritten
+scores is added to ``gc_runs.scores_refreshed`` in each range's transaction: the run's report
+shows it as decay's ``refreshed``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from sqlalchemy.engine import Engine
+
+from gc_worker.config import Settings
+from gc_worker.db import describe_error, retrying, transaction
+from gc_worker.queries import q
+from jobs import decay
+
+log = structlog.get_logger("memory_gc")
+
+PAGES = 1024  # pages per range: 8 MiB, a few hundred milliseconds of work at most
+LAST_PAGE = 4294967295  # the largest block number a tid can name: the last range is open
+ATTEMPTS = 3
+
+
+def ranges(pages: int, size: int = PAGES) -> list[tuple[int, int]]:
+    """[lo, hi) page ranges covering ``pages`` pages; the last one open-ended (rows written
+    past the end meanwhile are included)."""
+    return list(itertools.pairwise([*range(0, max(pages, 1), size), LAST_PAGE]))
+
+
+def refresh_scores(
+    engine: Engine,
+    run: dict[str, Any],
+    settings: Settings,
+    *,
+    workers: int,
+    should_stop: Callable[[], bool] | None = None,
+) -> int:
+    """Run ``run``'s score pass with up to ``workers`` threads; the scores it rewrote."""
+    with transaction(engine) as conn:
+        pages = int(conn.execute(q("score_pass_pages")).scalar_one())
+        skip = list(conn.execute(q("score_pass_skip"), {"run_id": run["id"]}).scalar_one())
+    params = decay.rule_params(settings.decay, run["now"]) | {
+        "now": run["now"], "skip": skip, "run_id": run["id"],
+    }  # fmt: skip
+    todo = iter(ranges(pages, PAGES))
+    taken = threading.Lock()
+    stop = threading.Event()
+    counts: list[int] = []
+    errors: list[Exception] = []
+    halted: list[str] = []
+
+    def next_range() -> tuple[int, int] | None:
+        with taken:
+            if should_stop is not None and should_stop():
+                halted.append("stop requested")
+            if stop.is_set() or halted:
+                return None
+            return next(todo, None)
+
+    def work() -> None:
+        try:
+            while (pages_ := next_range()) is not None:
+                counts.append(
+                    retrying(ATTEMPTS, lambda r=pages_: _refresh_range(engine, r, params))
+                )
+        except Exception as exc:  # the others finish their range and stop
+            errors.append(exc)
+            stop.set()
+
+    helpers = [threading.Thread(target=work, daemon=True, name=f"memory-gc-scores-{i + 1}")
+               for i in range(max(1, workers) - 1)]  # fmt: skip
+    for thread in helpers:
+        thread.start()
+    try:
+        work()
+    except BaseException:  # interrupted (Ctrl-C): the helpers finish their range and stop
+        stop.set()
+        raise
+    finally:
+        for thread in helpers:
+            _join(thread, stop)
+    refreshed = sum(counts)
+    if errors:
+        log.error("gc.score_pass_stopped", run_id=str(run["id"]), refreshed=refreshed,
+                  error=describe_error(errors[0]))  # fmt: skip
+    elif halted:
+        log.info("gc.score_pass_stopped", run_id=str(run["id"]), refreshed=refreshed,
+                 reason=halted[0])  # fmt: skip
+    else:
+        log.info("gc.score_pass_done", run_id=str(run["id"]), refreshed=refreshed, pages=pages)
+    return refreshed
+
+
+def _refresh_range(engine: Engine, pages: tuple[int, int], params: dict[str, Any]) -> int:
+    lo, hi = pages
+    with transaction(engine) as conn:
+        refreshed = conn.execute(
+            q("decay_refresh_pages"), params | {"lo": f"({lo},0)", "hi": f"({hi},0)"}
+        ).rowcount
+        conn.execute(q("score_pass_count"), {"run_id": params["run_id"], "refreshed": refreshed})
+    return refreshed
+
+
+def _join(thread: threading.Thread, stop: threading.Event) -> None:
+    """Wait for a helper; interrupted (Ctrl-C), tell the helpers to stop after their range and
+    wait for them, then let the interrupt go on."""
+    try:
+        thread.join()
+    except BaseException:
+        stop.set()
+        thread.join()
+        raise

@@ -1,0 +1,286 @@
+"""The score pass (gc_worker.score_pass): a run over every user refreshes decay scores in one
+pass over the table after its batches, with the same result as refreshing batch by batch; which
+runs have one; rows the application holds, failed batches, a stop, an error, an interrupt."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+
+from gc_worker import engine as gc_engine
+from gc_worker import score_pass
+from gc_worker.config import Settings
+from gc_worker.errors import RunFailed, StatementFailed
+from gc_worker.report import build_report
+from tests.conftest import migrating
+from tests.seeding import end_state, lifecycle_rows, row, scratch_database, seed, state_diff
+from tests.store import NOW, execute, run
+
+USERS = [f"user-{i}" for i in range(7)]
+SETTINGS = Settings.model_validate(
+    {"embeddings": {"dim": 8}, "run": {"batch_users": 2, "workers": 2}}
+)
+PER_BATCH = SETTINGS.model_copy(
+    update={"run": SETTINGS.run.model_copy(update={"score_pass": False})}
+)
+
+
+def with_run(settings: Settings, **changes: Any) -> Settings:
+    return settings.model_copy(update={"run": settings.run.model_copy(update=changes)})
+
+
+def store(users: list[str] = USERS, *, padding: int = 0) -> list[dict[str, Any]]:
+    """Every deterministic rule's work for each user, scores never computed (NULL); ``padding``
+    rows of 1.5 kB per user (under the size PostgreSQL compresses) spread the table over pages."""
+    rows = [r for u in users for r in lifecycle_rows(u)]
+    rows += [row(u, f"pad {i} " + "x" * 1500) for u in users for i in range(padding)]
+    return rows
+
+
+def scores(engine: sa.Engine) -> dict[Any, tuple[str, float | None]]:
+    found = execute(engine, "SELECT id, status, decayed_confidence FROM memories ORDER BY id")
+    return {r.id: (r.status, r.decayed_confidence) for r in found}
+
+
+def unrefreshed(engine: sa.Engine) -> set[str]:
+    """Users with an active unpinned row whose score was never computed."""
+    found = execute(
+        engine,
+        "SELECT DISTINCT user_id FROM memories"
+        " WHERE status = 'active' AND NOT pinned AND decayed_confidence IS NULL",
+    )
+    return set(found.scalars())
+
+
+def run_row(engine: sa.Engine, report: dict[str, Any]) -> Any:
+    return execute(
+        engine, "SELECT score_pass, scores_refreshed, status FROM gc_runs WHERE id = :r",
+        r=report["run_id"],
+    ).one()  # fmt: skip
+
+
+def batch_refreshes(engine: sa.Engine, report: dict[str, Any]) -> int:
+    return execute(
+        engine,
+        "SELECT coalesce(sum((stats -> 'decay' ->> 'refreshed')::int), 0) FROM gc_run_batches"
+        " WHERE run_id = :r",
+        r=report["run_id"],
+    ).scalar_one()
+
+
+@pytest.fixture
+def twin(pg_server, template_db) -> Iterator[sa.Engine]:
+    with scratch_database(pg_server, template_db, "score_twin") as engine:
+        yield engine
+
+
+class TestSameAsBatchByBatch:
+    def test_the_same_scores_and_counts_as_refreshing_in_each_batch(self, engine, twin):
+        seed(engine, store())
+        seed(twin, store())
+        original = {r["id"] for r in store()}
+        passed, batched = run(engine, SETTINGS), run(twin, PER_BATCH)
+        left, right = end_state(engine, original), end_state(twin, original)
+        assert left == right, state_diff(left, right)
+        # the retired rows too: neither refreshes a row its batch retired
+        assert {i: s for i, s in scores(engine).items() if i in original} == {
+            i: s for i, s in scores(twin).items() if i in original
+        }
+        refreshed = passed["jobs"]["decay"]["refreshed"]
+        assert refreshed == batched["jobs"]["decay"]["refreshed"] > 0
+        assert run_row(engine, passed) == (True, refreshed, "completed")
+        assert batch_refreshes(engine, passed) == 0  # the batches left it to the pass
+        assert run_row(twin, batched) == (False, None, "completed")
+        assert batch_refreshes(twin, batched) == refreshed
+        assert unrefreshed(engine) == set()
+        # retired rows keep the score they had (NULL): only what is still active is refreshed
+        assert any(s == "deleted" and c is None for s, c in scores(engine).values())
+
+    def test_a_second_run_refreshes_nothing(self, engine):
+        seed(engine, store())
+        run(engine, SETTINGS)
+        again = run(engine, SETTINGS)  # jobs the run-start scan cannot answer: every user's batch
+        assert again["jobs"]["decay"]["refreshed"] == 0
+        assert run_row(engine, again) == (True, 0, "completed")
+
+    def test_a_run_the_scan_finds_nothing_for_makes_no_pass(self, engine):
+        seed(engine, store())
+        scanned = ["ttl_expiry", "decay", "usage_prune", "user_cap", "hard_delete"]
+        run(engine, SETTINGS, jobs=scanned)
+        again = run(engine, SETTINGS, jobs=scanned)
+        assert again["jobs"]["decay"]["refreshed"] == 0
+        assert run_row(engine, again) == (False, None, "completed")  # no batch, no pass
+
+
+class TestWhichRunsHaveAPass:
+    @pytest.mark.parametrize(
+        ("case", "settings", "kwargs"),
+        [
+            ("one batch", with_run(SETTINGS, batch_users=100), {}),
+            ("named users", SETTINGS, {"users": USERS}),
+            ("dry run", SETTINGS, {"dry_run": True}),
+            ("no decay", SETTINGS, {"jobs": ["ttl_expiry", "usage_prune"]}),
+            ("turned off", PER_BATCH, {}),
+        ],
+    )
+    def test_refreshed_in_the_batches(self, engine, case, settings, kwargs):
+        seed(engine, store())
+        report = run(engine, settings, **kwargs)
+        assert run_row(engine, report).score_pass is False, case
+        if case != "no decay":
+            assert report["jobs"]["decay"]["refreshed"] == batch_refreshes(engine, report) > 0
+        if case in ("one batch", "named users", "turned off"):
+            assert unrefreshed(engine) == set()
+
+    def test_the_apply_of_a_plan_over_every_user_has_one(self, engine):
+        seed(engine, store())
+        original = {r["id"] for r in store()}
+        plan = run(engine, SETTINGS, dry_run=True)
+        would = plan["jobs"]["decay"]["refreshed"]
+        assert would > 0 and unrefreshed(engine) == set(USERS)  # a dry run writes nothing
+        applied_id = gc_engine.apply_plan(engine, plan["run_id"])
+        with engine.connect() as conn:
+            applied = build_report(conn, applied_id)
+        # and the records the apply created (a dry run cannot count those), as a batch would
+        created = execute(
+            engine, "SELECT count(*) FROM memories WHERE status = 'active' AND NOT (id = ANY(:o))",
+            o=list(original),
+        ).scalar_one()  # fmt: skip
+        assert created > 0
+        assert run_row(engine, applied) == (True, would + created, "completed")
+        assert applied["jobs"]["decay"]["refreshed"] == would + created
+        assert unrefreshed(engine) == set()
+
+
+class TestWhatThePassLeaves:
+    def test_a_row_the_application_holds_is_skipped_not_waited_for(self, engine):
+        seed(engine, store())
+        held = execute(
+            engine, "SELECT id FROM memories WHERE user_id = 'user-3' AND content = 'fresh'"
+        ).scalar_one()
+        with engine.connect() as app:
+            app.execute(sa.text("SELECT 1 FROM memories WHERE id = :i FOR UPDATE"), {"i": held})
+            report = run(engine, SETTINGS)  # would hang here if the pass waited
+            app.rollback()
+        assert run_row(engine, report).scores_refreshed > 0
+        assert unrefreshed(engine) == {"user-3"}
+        assert execute(engine, "SELECT decayed_confidence FROM memories WHERE id = :i",
+                       i=held).scalar_one() is None  # fmt: skip
+        run(engine, SETTINGS)  # the next run refreshes it
+        assert unrefreshed(engine) == set()
+
+    def test_the_users_of_a_failed_batch_are_left_as_they_were(self, engine, monkeypatch):
+        seed(engine, store())
+        ttl = gc_engine.jobs.REGISTRY["ttl_expiry"]
+        plan = ttl.plan
+
+        def failing(ctx: Any) -> Any:
+            if "user-3" in ctx.users:
+                raise ValueError("a row this job cannot handle")
+            return plan(ctx)
+
+        monkeypatch.setattr(ttl, "plan", failing)
+        with pytest.raises(RunFailed, match="a row this job cannot handle"):
+            run(engine, SETTINGS)
+        failed = set(execute(engine, "SELECT unnest(users) FROM gc_run_batches"
+                                     " WHERE state = 'failed'").scalars())  # fmt: skip
+        assert "user-3" in failed
+        assert unrefreshed(engine) == failed  # everyone else's scores were refreshed
+        (status,) = execute(engine, "SELECT status FROM gc_runs").one()
+        assert status == "failed"
+
+    def test_a_stop_ends_the_pass_after_its_range_and_the_next_run_finishes(
+        self, engine, monkeypatch
+    ):
+        seed(engine, store(padding=6))
+        monkeypatch.setattr(score_pass, "PAGES", 1)
+        stop = threading.Event()
+        refresh_range = score_pass._refresh_range
+
+        def then_stop(*args: Any) -> int:
+            done = refresh_range(*args)
+            if done:
+                stop.set()
+            return done
+
+        monkeypatch.setattr(score_pass, "_refresh_range", then_stop)
+        run_id = gc_engine.start_run(engine, SETTINGS, request())
+        assert gc_engine.process_run(engine, run_id, SETTINGS, should_stop=stop.is_set) is True
+        with engine.connect() as conn:
+            report = build_report(conn, run_id)
+        first = run_row(engine, report)
+        assert first.status == "completed" and first.scores_refreshed > 0
+        left = unrefreshed(engine)
+        assert left, "the pass was stopped: some scores are left to the next run"
+        monkeypatch.undo()
+        again = run(engine, SETTINGS)
+        assert unrefreshed(engine) == set()
+        assert again["jobs"]["decay"]["refreshed"] > 0
+
+    def test_an_error_in_the_pass_does_not_fail_the_run(self, engine, monkeypatch):
+        seed(engine, store(padding=6))
+        monkeypatch.setattr(score_pass, "PAGES", 1)
+        refresh_range = score_pass._refresh_range
+        calls = []
+
+        def second_fails(*args: Any) -> int:
+            calls.append(args[1])
+            if len(calls) == 2:
+                raise StatementFailed("the server refused a statement")
+            return refresh_range(*args)
+
+        monkeypatch.setattr(score_pass, "_refresh_range", second_fails)
+        report = run(engine, with_run(SETTINGS, workers=1))
+        row_ = run_row(engine, report)
+        assert row_.status == "completed" and row_.score_pass
+        assert len(calls) == 2  # it stopped at the error
+        assert unrefreshed(engine), "the ranges after the error are left to the next run"
+        monkeypatch.undo()
+        run(engine, SETTINGS)
+        assert unrefreshed(engine) == set()
+
+    def test_an_interrupt_stops_the_helpers_and_goes_on(self, engine, monkeypatch):
+        seed(engine, store(padding=6))
+        monkeypatch.setattr(score_pass, "PAGES", 1)
+        refresh_range = score_pass._refresh_range
+        main = threading.main_thread()
+
+        def interrupted(*args: Any) -> int:
+            if threading.current_thread() is main:
+                raise KeyboardInterrupt
+            return refresh_range(*args)
+
+        monkeypatch.setattr(score_pass, "_refresh_range", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run(engine, SETTINGS)
+        alive = [t.name for t in threading.enumerate() if t.name.startswith("memory-gc-scores")]
+        assert alive == []
+
+
+def request() -> gc_engine.RunRequest:
+    return gc_engine.RunRequest(mode="apply", now=NOW, jobs=gc_engine.resolve_jobs([], SETTINGS))
+
+
+def test_ranges_cover_every_page_and_the_last_is_open():
+    assert score_pass.ranges(0) == [(0, score_pass.LAST_PAGE)]
+    assert score_pass.ranges(3, size=2) == [(0, 2), (2, score_pass.LAST_PAGE)]
+    assert score_pass.ranges(4, size=2) == [(0, 2), (2, score_pass.LAST_PAGE)]
+    assert score_pass.ranges(5, size=2) == [(0, 2), (2, 4), (4, score_pass.LAST_PAGE)]
+
+
+def test_migration_0011_round_trip(empty_database_url):
+    columns = (
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'gc_runs'"
+        " AND column_name IN ('score_pass', 'scores_refreshed')"
+    )
+    with migrating(empty_database_url) as (cfg, conn):
+        command.upgrade(cfg, "0011")
+        assert conn.exec_driver_sql(columns).scalar() == 2
+        command.downgrade(cfg, "0010")
+        assert conn.exec_driver_sql(columns).scalar() == 0
+        command.upgrade(cfg, "head")
