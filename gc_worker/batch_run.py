@@ -172,7 +172,7 @@ def _run_batch(
             ctx.job_stats(action.job).drifted += 1
         _after_apply(ctx, run, applied)
     # a run with a score pass (gc_worker.score_pass) refreshes decay's scores after its batches
-    refreshed_later = {"decay"} if run["score_pass"] and not ctx.dry_run else set()
+    refreshed_later = {"decay"} if run["score_pass"] is not None and not ctx.dry_run else set()
     _refresh(
         ctx, [j for j in run["jobs"] if j not in refreshed_later], {a.user_id for a in applied}
     )

@@ -13,6 +13,9 @@ never holds one. Then, in the transaction:
 - apply (a plain run, or ``apply RUN_ID`` of a stored plan): the executor locks and
   version-checks the rows, applies what did not drift, and the audit rows are written in the
   same transaction.
+
+A run over every user with more than one batch refreshes decay scores after its batches, in one
+pass over the table started by the process that closed the run (gc_worker.score_pass).
 """
 
 from __future__ import annotations
@@ -269,6 +272,13 @@ def process_run(
         llm.begin_run()
     workers = settings.run.workers if workers is None else workers
     helpers = _helpers_wanted(engine, run_id, workers)
+    # set when the caller is interrupted (Ctrl-C, SIGTERM) while a helper completes the run: the
+    # run is reported as completed, but its score pass is not started
+    interrupted = threading.Event()
+
+    def stop_pass() -> bool:
+        return interrupted.is_set() or bool(should_stop and should_stop())
+
     try:
         if helpers == 0:
             with participating(engine, run_id) if participate else contextlib.nullcontext():
@@ -276,25 +286,32 @@ def process_run(
         else:
             closed = _work_parallel(
                 engine, run_id, settings, llm, on_batch, should_stop, helpers=helpers,
-                participate=participate,
+                participate=participate, interrupted=interrupted,
             )  # fmt: skip
     except RunFailed:  # closed with failed batches: the others' scores are refreshed all the same
-        _score_pass(engine, run_id, settings, workers, should_stop)
+        _score_pass(engine, run_id, settings, workers, stop_pass)
         raise
     if closed:
-        _score_pass(engine, run_id, settings, workers, should_stop)
+        _score_pass(engine, run_id, settings, workers, stop_pass)
     return closed
 
 
 def _score_pass(
     engine: Engine, run_id: UUID, settings: Settings, workers: int,
-    should_stop: Callable[[], bool] | None,
+    should_stop: Callable[[], bool],
 ) -> None:  # fmt: skip
-    """The score pass of a run this call closed, if it has one (gc_worker.score_pass)."""
-    with translated_errors(), engine.connect() as conn:
-        run = load_run(conn, run_id)
-    if run["score_pass"]:
-        score_pass.refresh_scores(engine, run, settings, workers=workers, should_stop=should_stop)
+    """The score pass of a run this call closed, if it has one (gc_worker.score_pass). It
+    never fails the run, whose actions are all applied: a database error ends it (logged), and
+    the scores it did not reach are the next run's."""
+    try:
+        with translated_errors(), engine.connect() as conn:
+            run = load_run(conn, run_id)
+        if run["score_pass"] == "due":
+            score_pass.refresh_scores(
+                engine, run, settings, workers=workers, should_stop=should_stop
+            )
+    except Exception as exc:
+        log.error("gc.score_pass_stopped", run_id=str(run_id), error=describe_error(exc))
 
 
 def _helpers_wanted(engine: Engine, run_id: UUID, workers: int) -> int:
@@ -317,14 +334,15 @@ def _work_parallel(
     *,
     helpers: int,
     participate: bool,
+    interrupted: threading.Event | None = None,
 ) -> bool:
     """The caller and ``helpers`` threads work the run side by side. Each helper participates
     on a session of its own, so one that loses the database leaves the run to the others (as a
     replica would). The caller's interrupt (Ctrl-C, SIGTERM) stops the helpers after their
     current batch. Outcome: completed if any of them closed the run, even if the caller was
     interrupted meanwhile; otherwise an interrupt; RunFailed if one closed it failed; otherwise
-    the first error; otherwise False (stopped)."""
-    stop = threading.Event()
+    the first error; otherwise False (stopped). ``interrupted`` is set when the caller was."""
+    stop = interrupted if interrupted is not None else threading.Event()
     reported = threading.Lock()
 
     def stopping() -> bool:

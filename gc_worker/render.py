@@ -88,7 +88,15 @@ def _header_rows(report: Report) -> list[tuple[str, Any]]:
         ("Duration", _duration(report)),
         ("Users", _limited(scope.get("users"), 10) if scope.get("users") else "all"),
         ("Jobs", ", ".join(scope.get("jobs") or []) or "—"),
+        *([("Score pass", _score_pass(report["score_pass"]))] if report.get("score_pass") else []),
     ]
+
+
+def _score_pass(score_pass: Mapping[str, Any]) -> str:
+    """A run's score pass (gc_worker.score_pass), e.g. "done, 466,541 scores refreshed"."""
+    state = score_pass.get("state")
+    note = {"stopped": " (stopped early: the rest is the next run's)", "due": " (not finished)"}
+    return f"{state}, {score_pass.get('refreshed', 0):,} scores refreshed{note.get(state, '')}"
 
 
 def _duration(report: Report) -> str:

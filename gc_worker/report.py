@@ -69,6 +69,13 @@ def build_report(conn: Connection, run_id: UUID, *, actions: bool = True) -> dic
         "actions": listed,
         "drifted": drifted,
         "llm": _llm_totals(conn, run),
+        # a run over every user refreshes decay scores after its batches (gc_worker.score_pass):
+        # due (not finished yet), done, or stopped early (the rest is the next run's)
+        "score_pass": (
+            {"state": run["score_pass"], "refreshed": run["scores_refreshed"] or 0}
+            if run.get("score_pass")
+            else None
+        ),
     }
 
 

@@ -13,11 +13,13 @@ The pass writes only ``decayed_confidence``, the worker's own column, which no d
 back (decay computes the score itself, and content versions leave the column out), so it
 changes no plan of a later or concurrent run but the ``xmin``-versioned actions on rows it
 rewrites, which drift as after any write. As everywhere, a row the application holds is skipped
-(``SKIP LOCKED``), never waited for. The users of failed batches are left as they were. A pass
-that stops (a stop request, a lost database) leaves the rest to the next run, which finds them
-still due; it does not fail the run, whose actions are all applied. The count of rewritten
-scores is added to ``gc_runs.scores_refreshed`` in each range's transaction: the run's report
-shows it as decay's ``refreshed``.
+(``SKIP LOCKED``), never waited for; so are the users some batch holds at the range's start
+(their per-user advisory locks: a sweep of one user planned meanwhile does not drift on the
+pass's account), and the users of the run's failed batches. A pass that stops (a stop request,
+an interrupt, a database error) leaves the rest to the next run, which finds them still due;
+it does not fail the run, whose actions are all applied (gc_worker.engine ``_score_pass``). The
+count of rewritten scores is added to ``gc_runs.scores_refreshed`` in each range's transaction
+and ``gc_runs.score_pass`` ends ``done`` or ``stopped``: the run's report shows both.
 """
 
 from __future__ import annotations
@@ -101,6 +103,9 @@ def refresh_scores(
         for thread in helpers:
             _join(thread, stop)
     refreshed = sum(counts)
+    state = "stopped" if errors or halted else "done"
+    with transaction(engine) as conn:
+        conn.execute(q("score_pass_end"), {"run_id": run["id"], "state": state})
     if errors:
         log.error("gc.score_pass_stopped", run_id=str(run["id"]), refreshed=refreshed,
                   error=describe_error(errors[0]))  # fmt: skip
@@ -115,8 +120,10 @@ def refresh_scores(
 def _refresh_range(engine: Engine, pages: tuple[int, int], params: dict[str, Any]) -> int:
     lo, hi = pages
     with transaction(engine) as conn:
+        held = list(conn.execute(q("held_user_keys")).scalar_one())
         refreshed = conn.execute(
-            q("decay_refresh_pages"), params | {"lo": f"({lo},0)", "hi": f"({hi},0)"}
+            q("decay_refresh_pages"),
+            params | {"lo": f"({lo},0)", "hi": f"({hi},0)", "held": held},
         ).rowcount
         conn.execute(q("score_pass_count"), {"run_id": params["run_id"], "refreshed": refreshed})
     return refreshed

@@ -248,7 +248,10 @@ class TestKilledWorker:
         # one thread: its 4th batch is the run's 4th (batches 0-2 done before it); scores
         # refreshed in each batch (the hook hangs in that refresh), not in a pass after them
         victim = workers(
-            *args, GC_TEST_HANG_AT="4", GC_TEST_HUNG=str(hung), MEMORY_GC_RUN__WORKERS="1",
+            *args,
+            GC_TEST_HANG_AT="4",
+            GC_TEST_HUNG=str(hung),
+            MEMORY_GC_RUN__WORKERS="1",
             MEMORY_GC_RUN__SCORE_PASS="false",
         )
         wait_for(hung.exists, 120, "the worker to hang in its 4th batch")

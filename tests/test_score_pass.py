@@ -4,22 +4,29 @@ runs have one; rows the application holds, failed batches, a stop, an error, an 
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
 
+from gc_worker import batch_run, score_pass
 from gc_worker import engine as gc_engine
-from gc_worker import score_pass
 from gc_worker.config import Settings
 from gc_worker.errors import RunFailed, StatementFailed
+from gc_worker.render import render_markdown
+from gc_worker.render_html import render_html
 from gc_worker.report import build_report
 from tests.conftest import migrating
 from tests.seeding import end_state, lifecycle_rows, row, scratch_database, seed, state_diff
 from tests.store import NOW, execute, run
+from tests.test_faults import terminate_backend
 
 USERS = [f"user-{i}" for i in range(7)]
 SETTINGS = Settings.model_validate(
@@ -28,6 +35,7 @@ SETTINGS = Settings.model_validate(
 PER_BATCH = SETTINGS.model_copy(
     update={"run": SETTINGS.run.model_copy(update={"score_pass": False})}
 )
+ONE = SETTINGS.model_copy(update={"run": SETTINGS.run.model_copy(update={"workers": 1})})
 
 
 def with_run(settings: Settings, **changes: Any) -> Settings:
@@ -93,9 +101,9 @@ class TestSameAsBatchByBatch:
         }
         refreshed = passed["jobs"]["decay"]["refreshed"]
         assert refreshed == batched["jobs"]["decay"]["refreshed"] > 0
-        assert run_row(engine, passed) == (True, refreshed, "completed")
+        assert run_row(engine, passed) == ("done", refreshed, "completed")
         assert batch_refreshes(engine, passed) == 0  # the batches left it to the pass
-        assert run_row(twin, batched) == (False, None, "completed")
+        assert run_row(twin, batched) == (None, None, "completed")
         assert batch_refreshes(twin, batched) == refreshed
         assert unrefreshed(engine) == set()
         # retired rows keep the score they had (NULL): only what is still active is refreshed
@@ -106,7 +114,7 @@ class TestSameAsBatchByBatch:
         run(engine, SETTINGS)
         again = run(engine, SETTINGS)  # jobs the run-start scan cannot answer: every user's batch
         assert again["jobs"]["decay"]["refreshed"] == 0
-        assert run_row(engine, again) == (True, 0, "completed")
+        assert run_row(engine, again) == ("done", 0, "completed")
 
     def test_a_run_the_scan_finds_nothing_for_makes_no_pass(self, engine):
         seed(engine, store())
@@ -114,7 +122,7 @@ class TestSameAsBatchByBatch:
         run(engine, SETTINGS, jobs=scanned)
         again = run(engine, SETTINGS, jobs=scanned)
         assert again["jobs"]["decay"]["refreshed"] == 0
-        assert run_row(engine, again) == (False, None, "completed")  # no batch, no pass
+        assert run_row(engine, again) == (None, None, "completed")  # no batch, no pass
 
 
 class TestWhichRunsHaveAPass:
@@ -131,7 +139,7 @@ class TestWhichRunsHaveAPass:
     def test_refreshed_in_the_batches(self, engine, case, settings, kwargs):
         seed(engine, store())
         report = run(engine, settings, **kwargs)
-        assert run_row(engine, report).score_pass is False, case
+        assert run_row(engine, report).score_pass is None, case
         if case != "no decay":
             assert report["jobs"]["decay"]["refreshed"] == batch_refreshes(engine, report) > 0
         if case in ("one batch", "named users", "turned off"):
@@ -152,7 +160,7 @@ class TestWhichRunsHaveAPass:
             o=list(original),
         ).scalar_one()  # fmt: skip
         assert created > 0
-        assert run_row(engine, applied) == (True, would + created, "completed")
+        assert run_row(engine, applied) == ("done", would + created, "completed")
         assert applied["jobs"]["decay"]["refreshed"] == would + created
         assert unrefreshed(engine) == set()
 
@@ -214,7 +222,11 @@ class TestWhatThePassLeaves:
         with engine.connect() as conn:
             report = build_report(conn, run_id)
         first = run_row(engine, report)
-        assert first.status == "completed" and first.scores_refreshed > 0
+        assert (first.status, first.score_pass) == ("completed", "stopped")
+        assert report["score_pass"] == {"state": "stopped", "refreshed": first.scores_refreshed}
+        shown = f"stopped, {first.scores_refreshed:,} scores refreshed (stopped early"
+        assert shown in render_markdown(report) and shown in render_html(report)
+        assert first.scores_refreshed > 0
         left = unrefreshed(engine)
         assert left, "the pass was stopped: some scores are left to the next run"
         monkeypatch.undo()
@@ -237,7 +249,7 @@ class TestWhatThePassLeaves:
         monkeypatch.setattr(score_pass, "_refresh_range", second_fails)
         report = run(engine, with_run(SETTINGS, workers=1))
         row_ = run_row(engine, report)
-        assert row_.status == "completed" and row_.score_pass
+        assert (row_.status, row_.score_pass) == ("completed", "stopped")
         assert len(calls) == 2  # it stopped at the error
         assert unrefreshed(engine), "the ranges after the error are left to the next run"
         monkeypatch.undo()
@@ -260,6 +272,122 @@ class TestWhatThePassLeaves:
             run(engine, SETTINGS)
         alive = [t.name for t in threading.enumerate() if t.name.startswith("memory-gc-scores")]
         assert alive == []
+
+
+class TestTheRunAroundThePass:
+    def test_a_lost_database_as_the_pass_starts_does_not_fail_the_completed_run(
+        self, engine, monkeypatch
+    ):
+        seed(engine, store())
+        real, calls = score_pass.transaction, []
+
+        @contextlib.contextmanager
+        def dying(eng: Any) -> Iterator[Any]:
+            calls.append(1)
+            with real(eng) as conn:
+                if len(calls) == 1:  # the pass's first transaction: its backend dies
+                    terminate_backend(conn)
+                yield conn
+
+        monkeypatch.setattr(score_pass, "transaction", dying)
+        run_id = gc_engine.start_run(engine, ONE, request())
+        assert gc_engine.process_run(engine, run_id, ONE) is True  # no error escapes
+        row_ = execute(engine, "SELECT status, score_pass FROM gc_runs").one()
+        assert tuple(row_) == ("completed", "due")  # the pass never began: the next run's
+        monkeypatch.undo()
+        run(engine, SETTINGS)
+        assert unrefreshed(engine) == set()
+
+    def test_an_interrupt_while_a_helper_completes_the_run_starts_no_pass(
+        self, engine, monkeypatch
+    ):
+        seed(engine, store(users=USERS[:4], padding=6))
+        monkeypatch.setattr(score_pass, "PAGES", 1)
+        main, real_commit, started = threading.main_thread(), batch_run._commit_batch, []
+        real_range = score_pass._refresh_range
+
+        def helper_interrupts(eng: Any, run_: Any, batch_no: int, *args: Any) -> Any:
+            if threading.current_thread() is not main:
+                # the caller's batch is done and it waits for this helper: Ctrl-C then
+                deadline = time.monotonic() + 10
+                while execute(eng, "SELECT count(*) FROM gc_run_batches"
+                                   " WHERE state = 'done'").scalar_one() < 1:  # fmt: skip
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+                time.sleep(0.2)
+                signal.pthread_kill(main.ident, signal.SIGINT)
+                time.sleep(0.2)
+            return real_commit(eng, run_, batch_no, *args)
+
+        monkeypatch.setattr(batch_run, "_commit_batch", helper_interrupts)
+        monkeypatch.setattr(
+            score_pass, "_refresh_range", lambda *a: started.append(a[1]) or real_range(*a)
+        )
+        run_id = gc_engine.start_run(engine, SETTINGS, request())
+        with contextlib.suppress(KeyboardInterrupt):
+            gc_engine.process_run(engine, run_id, SETTINGS)
+        row_ = execute(engine, "SELECT status, score_pass FROM gc_runs").one()
+        assert row_.status == "completed"  # the helper's batch closed it
+        assert started == [] and row_.score_pass == "stopped"
+
+    def test_a_stopped_run_leaves_every_score_to_the_next_run(self, engine):
+        """Known limit (docs/architecture.md): a run that stops before it closes has refreshed
+        no score, not even its done batches' users' (batch by batch it had); the next run
+        over every user does."""
+        seed(engine, store())
+        run_id = gc_engine.start_run(engine, ONE, request())
+        done = []
+        assert (
+            gc_engine.process_run(
+                engine, run_id, ONE, on_batch=done.append, should_stop=lambda: len(done) >= 2
+            )
+            is False
+        )
+        assert unrefreshed(engine) == set(USERS)
+        run(engine, SETTINGS)
+        assert unrefreshed(engine) == set()
+
+    def test_a_user_a_batch_holds_is_left_alone(self, engine, monkeypatch):
+        """A sweep of one user planned while the pass runs does not drift on its account: the
+        pass skips the rows of users whose per-user lock a batch holds."""
+        seed(engine, store())
+        planned, refreshed, sweep = threading.Event(), threading.Event(), {}
+        real_execute, real_range = batch_run.execute, score_pass._refresh_range
+
+        def gated_execute(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread().name == "sweep":
+                planned.set()  # the sweep's batch has planned, in its transaction
+                assert refreshed.wait(30)
+            return real_execute(*args, **kwargs)
+
+        def sweep_user_3() -> None:
+            req = gc_engine.RunRequest(mode="apply", now=NOW, users=("user-3",),
+                                       jobs=gc_engine.resolve_jobs([], ONE))  # fmt: skip
+            sweep["id"] = gc_engine.run_once(engine, ONE, req)
+
+        def first_range(*args: Any) -> int:
+            if planned.is_set():
+                return real_range(*args)
+            # the nightly run's batches are done and its pass begins: the application writes a
+            # memory the sweep will expire, and the sweep plans it
+            seed(engine, [row("user-3", "expired later", expires_at=NOW - timedelta(hours=1))])
+            threading.Thread(target=sweep_user_3, name="sweep").start()
+            assert planned.wait(30)
+            try:
+                return real_range(*args)
+            finally:
+                refreshed.set()
+
+        monkeypatch.setattr(batch_run, "execute", gated_execute)
+        monkeypatch.setattr(score_pass, "_refresh_range", first_range)
+        run(engine, ONE)
+        for thread in threading.enumerate():
+            if thread.name == "sweep":
+                thread.join(30)
+        with engine.connect() as conn:
+            swept = build_report(conn, sweep["id"])
+        assert swept["drifted"] == [] and swept["totals"]["actions"] > 0
+        assert unrefreshed(engine) == set()  # the sweep refreshed its own user
 
 
 def request() -> gc_engine.RunRequest:

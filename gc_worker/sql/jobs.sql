@@ -60,8 +60,9 @@ WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
 -- decay_refresh_pages --
 -- decay_refresh over one range of the table's pages [:lo, :hi) (a run's score pass,
 -- gc_worker.score_pass), all users but :skip (those of the run's failed batches, left as they
--- were). Rows an application transaction holds are skipped, as in decay_refresh. The outer scope
--- repeats the range, so the locked ids are joined to the range's rows, not to the table.
+-- were) and those whose per-user lock a batch holds (:held, their hashtext keys). Rows an
+-- application transaction holds are skipped, as in decay_refresh. The outer scope repeats the
+-- range, so the locked ids are joined to the range's rows, not to the table.
 UPDATE memories
 SET decayed_confidence = memory_gc_decayed(confidence, importance,
         greatest(created_at, updated_at, last_accessed_at), :now, :half_life_days, :multipliers)
@@ -69,7 +70,7 @@ WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid) AND status = 'active'
   AND id IN (
     SELECT id FROM memories
     WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid) AND status = 'active'
-      AND NOT pinned AND NOT (user_id = ANY(:skip))
+      AND NOT pinned AND NOT (user_id = ANY(:skip)) AND NOT (hashtext(user_id) = ANY(:held))
       AND (decayed_confidence IS NULL
            OR abs(decayed_confidence - memory_gc_decayed(confidence, importance,
                   greatest(created_at, updated_at, last_accessed_at), :now,

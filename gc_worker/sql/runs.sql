@@ -202,10 +202,13 @@ RETURNING id
 -- Whether a run refreshes decay scores in one pass over the table after its batches
 -- (gc_worker.score_pass) instead of batch by batch: an apply over every user, decay among its
 -- jobs, more than one batch (one batch reads only its own users' rows: cheaper than the table),
--- and run.score_pass (:enabled) on.
-UPDATE gc_runs SET score_pass = true
+-- and run.score_pass (:enabled) on; memories a plain table (a partitioned one has no pages of its
+-- own to walk) on PostgreSQL 14+ (a scan by tid range; before, each range would read it all).
+UPDATE gc_runs SET score_pass = 'due'
 WHERE id = :run_id AND :enabled AND mode = 'apply' AND users IS NULL AND 'decay' = ANY(jobs)
   AND (SELECT count(*) FROM gc_run_batches b WHERE b.run_id = :run_id) > 1
+  AND (SELECT relkind FROM pg_class WHERE oid = CAST('memories' AS regclass)) = 'r'
+  AND current_setting('server_version_num')::int >= 140000
 
 -- score_pass_pages --
 -- The pages of memories now (a score pass covers them in ranges; the last range is open).
@@ -222,3 +225,16 @@ UPDATE gc_runs
 SET scores_refreshed = coalesce(scores_refreshed, 0) + :refreshed,
     finished_at = greatest(finished_at, clock_timestamp())
 WHERE id = :run_id
+
+-- score_pass_end --
+-- The pass is over: done, or stopped early (the scores it did not reach are the next run's).
+UPDATE gc_runs SET score_pass = :state, scores_refreshed = coalesce(scores_refreshed, 0)
+WHERE id = :run_id AND score_pass IS NOT NULL
+
+-- held_user_keys --
+-- The users some batch holds right now (claims' per-user advisory locks, sql/schedule.sql
+-- lock_batch_users; a forget request's transaction lock): a range of the score pass leaves their
+-- rows alone, so a concurrent run over them does not see its planned rows drift under it.
+SELECT coalesce(array_agg(DISTINCT CAST(CAST(CAST(objid AS bigint) AS bit(32)) AS integer)), '{}')
+FROM pg_locks
+WHERE locktype = 'advisory' AND classid = 4242001 AND objsubid = 2 AND granted

@@ -9,9 +9,11 @@ a million rows and 10,000 users; 200 times at ten times that). A run over every 
 than one batch now refreshes scores after its batches in one pass in physical order instead
 (gc_worker.score_pass): each page once, sequentially.
 
-- ``gc_runs.score_pass``: the run refreshes scores in that pass (its batches do not);
-- ``gc_runs.scores_refreshed``: how many scores the pass rewrote (NULL: no pass, or not yet);
-  the run's report counts them as decay's ``refreshed``.
+- ``gc_runs.score_pass``: NULL, the run has no pass (its batches refresh); ``due``, it has one
+  not finished yet; ``done``; ``stopped`` (a stop or an error ended it early: the scores it did
+  not reach are left to the next run);
+- ``gc_runs.scores_refreshed``: how many scores the pass rewrote; the run's report counts them
+  as decay's ``refreshed``.
 """
 
 from alembic import op
@@ -23,7 +25,10 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.execute("ALTER TABLE gc_runs ADD COLUMN score_pass boolean NOT NULL DEFAULT false")
+    op.execute(
+        "ALTER TABLE gc_runs ADD COLUMN score_pass text"
+        " CHECK (score_pass IN ('due', 'done', 'stopped'))"
+    )
     op.execute("ALTER TABLE gc_runs ADD COLUMN scores_refreshed bigint")
 
 
