@@ -121,6 +121,7 @@ def _refresh_range(engine: Engine, pages: tuple[int, int], params: dict[str, Any
     lo, hi = pages
     with transaction(engine) as conn:
         held = list(conn.execute(q("held_user_keys")).scalar_one())
+        conn.execute(q("score_pass_plan"))
         refreshed = conn.execute(
             q("decay_refresh_pages"),
             params | {"lo": f"({lo},0)", "hi": f"({hi},0)", "held": held},
