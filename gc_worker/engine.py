@@ -94,7 +94,10 @@ def start_run(
     run_id = uuid4()
     with transaction(engine) as conn:
         everyone = _users(conn, request.users)
-        found = triage.scan(conn, everyone, request.jobs, settings, request.now)
+        found = triage.scan(
+            conn, everyone, request.jobs, settings, request.now,
+            every_user=request.users is None,
+        )  # fmt: skip
         users = triage.with_work(everyone, request.jobs, found)
         conn.execute(q("insert_run"), _run_row(run_id, settings, request))
         if slot is not None:

@@ -62,10 +62,15 @@ def _has(job: str, attribute: str) -> bool:
 
 def scan(
     conn: Connection, users: Sequence[str], job_names: Sequence[str], settings: Settings,
-    now: datetime,
+    now: datetime, *, every_user: bool = False,
 ) -> Scan | None:  # fmt: skip
     """Per answering job, the users of ``users`` it has work for (and picked row ids); None when
-    nothing is scanned (the scan is switched off, or no job of the run can answer)."""
+    nothing is scanned (the scan is switched off, or no job of the run can answer).
+
+    ``every_user``: ``users`` is every user of the store (a run over all of them), so the scan
+    reads every row without testing its user against the list (~15 % of the scan at 1M rows /
+    10k users); a user whose first memory was written since ``users`` was read may then be in
+    the answer, and is ignored: batches are made of ``users`` only."""
     names = answering(job_names)
     if not settings.run.skip_idle_users or not names or not users:
         return None
@@ -80,10 +85,8 @@ def scan(
     for name in names:
         binds = jobs.REGISTRY[name].work_params(settings, now)
         params |= {f"{name}__{key}": value for key, value in binds.items()}
-    statement = (
-        f"SELECT user_id, {', '.join(columns)} FROM memories WHERE user_id = ANY(:users)"
-        " GROUP BY user_id"
-    )
+    where = "" if every_user else " WHERE user_id = ANY(:users)"
+    statement = f"SELECT user_id, {', '.join(columns)} FROM memories{where} GROUP BY user_id"
     found = Scan({name: set() for name in names}, {name: {} for name in picking})
     conn.execute(q("scan_settings"))
     for row in conn.execute(sa.text(statement), params).mappings():

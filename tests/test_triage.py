@@ -76,6 +76,39 @@ def test_the_scanned_jobs_are_the_deterministic_ones():
     assert SCANNED == ["ttl_expiry", "decay", "usage_prune", "user_cap", "hard_delete"]
 
 
+def test_a_scan_of_every_user_answers_as_the_scan_of_the_list(engine):
+    """A run over every user scans without testing each row's user against the list."""
+    rows = boundary_rows()
+    seed(engine, rows)
+    users = sorted({r["user_id"] for r in rows})
+    with engine.connect() as conn:
+        listed = triage.scan(conn, users, SCANNED, SETTINGS, NOW)
+        every = triage.scan(conn, users, SCANNED, SETTINGS, NOW, every_user=True)
+    assert listed is not None and every == listed
+    assert any(listed.users.values()) and any(listed.ids.values())
+
+
+def test_a_user_who_appears_during_the_start_of_a_run_gets_no_batch(engine, monkeypatch):
+    """The store's users are listed, then scanned without the list: a user whose first
+    memory commits in between is in the scan's answer but in no batch (the next run's)."""
+    from gc_worker import engine as gc_engine
+
+    seed(engine, [row("early", "r", expires_at=NOW - DAY)])
+    listed = gc_engine._users
+
+    def then_a_new_user(conn: Any, requested: Any) -> list[str]:
+        users = listed(conn, requested)
+        seed(engine, [row("late", "r", expires_at=NOW - DAY)])  # committed on its own
+        return users
+
+    monkeypatch.setattr(gc_engine, "_users", then_a_new_user)
+    report = run(engine, SETTINGS, jobs=SCANNED)
+    assert {a["user_id"] for a in report["actions"]} == {"early"}
+    with engine.connect() as conn:
+        batched = conn.execute(sa.text("SELECT unnest(users) FROM gc_run_batches")).scalars()
+        assert set(batched) == {"early"}
+
+
 @pytest.mark.parametrize("job", SCANNED)
 def test_the_scan_finds_exactly_the_users_the_job_acts_on(engine, job):
     """At each rule's exact boundary (``<=``) the user is found; a microsecond short, not."""
