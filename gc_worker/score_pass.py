@@ -10,20 +10,22 @@ ranges at a time. It runs once the run is closed: every batch's retirements are 
 only rows still active are refreshed, exactly as the batches would have.
 
 The pass writes only ``decayed_confidence``, the worker's own column, which no decision reads
-back (decay computes the score itself, and content versions leave the column out), so it
-changes no plan of a later or concurrent run but the ``xmin``-versioned actions on rows it
-rewrites, which drift as after any write. As everywhere, a row the application holds is skipped
-(``SKIP LOCKED``), never waited for; so are the users some batch holds at the range's start
-(their per-user advisory locks: a sweep of one user planned meanwhile does not drift on the
-pass's account), and the users of the run's failed batches. A pass that stops (a stop request,
-an interrupt, a database error) leaves the rest to the next run, which finds them still due;
-it does not fail the run, whose actions are all applied (gc_worker.engine ``_score_pass``). The
-count of rewritten scores is added to ``gc_runs.scores_refreshed`` in each range's transaction
-and ``gc_runs.score_pass`` ends ``done`` or ``stopped``: the run's report shows both.
+back (decay computes the score itself, and content versions leave the column out). As
+everywhere, a row the application holds is skipped (``SKIP LOCKED``), never waited for; so are
+the users some batch holds at the range's start (their per-user advisory locks: a sweep of one
+user planned meanwhile does not drift on the pass's account). Only the users of the run's done
+batches are refreshed, as the batches would have: not a user of a failed batch, nor one the
+run (or the plan it applies) did not take. A pass that stops (a stop request, an interrupt, a
+database error) leaves the rest to the next run, which finds them still due; it does not fail
+the run, whose actions are all applied (gc_worker.engine ``_score_pass``). The count of
+rewritten scores is added to ``gc_runs.scores_refreshed`` in each range's transaction and
+``gc_runs.score_pass`` ends ``done`` or ``stopped`` (a process killed in the pass leaves it
+``due``): the run's report shows both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections.abc import Callable
@@ -61,10 +63,10 @@ def refresh_scores(
     """Run ``run``'s score pass with up to ``workers`` threads; the scores it rewrote."""
     with transaction(engine) as conn:
         pages = int(conn.execute(q("score_pass_pages")).scalar_one())
-        skip = list(conn.execute(q("score_pass_skip"), {"run_id": run["id"]}).scalar_one())
     params = decay.rule_params(settings.decay, run["now"]) | {
-        "now": run["now"], "skip": skip, "run_id": run["id"],
-    }  # fmt: skip
+        "now": run["now"],
+        "run_id": run["id"],
+    }
     todo = iter(ranges(pages, PAGES))
     taken = threading.Lock()
     stop = threading.Event()
@@ -98,14 +100,15 @@ def refresh_scores(
         work()
     except BaseException:  # interrupted (Ctrl-C): the helpers finish their range and stop
         stop.set()
-        raise
-    finally:
         for thread in helpers:
             _join(thread, stop)
+        with contextlib.suppress(Exception):  # said if the database lets us; the interrupt goes on
+            _end(engine, run["id"], "stopped")
+        raise
+    for thread in helpers:
+        _join(thread, stop)
     refreshed = sum(counts)
-    state = "stopped" if errors or halted else "done"
-    with transaction(engine) as conn:
-        conn.execute(q("score_pass_end"), {"run_id": run["id"], "state": state})
+    _end(engine, run["id"], "stopped" if errors or halted else "done")
     if errors:
         log.error("gc.score_pass_stopped", run_id=str(run["id"]), refreshed=refreshed,
                   error=describe_error(errors[0]))  # fmt: skip
@@ -115,6 +118,11 @@ def refresh_scores(
     else:
         log.info("gc.score_pass_done", run_id=str(run["id"]), refreshed=refreshed, pages=pages)
     return refreshed
+
+
+def _end(engine: Engine, run_id: Any, state: str) -> None:
+    with transaction(engine) as conn:
+        conn.execute(q("score_pass_end"), {"run_id": run_id, "state": state})
 
 
 def _refresh_range(engine: Engine, pages: tuple[int, int], params: dict[str, Any]) -> int:

@@ -24,7 +24,15 @@ from gc_worker.render import render_markdown
 from gc_worker.render_html import render_html
 from gc_worker.report import build_report
 from tests.conftest import migrating
-from tests.seeding import end_state, lifecycle_rows, row, scratch_database, seed, state_diff
+from tests.seeding import (
+    INSERT,
+    end_state,
+    lifecycle_rows,
+    row,
+    scratch_database,
+    seed,
+    state_diff,
+)
 from tests.store import NOW, execute, run
 from tests.test_faults import terminate_backend
 
@@ -272,6 +280,8 @@ class TestWhatThePassLeaves:
             run(engine, SETTINGS)
         alive = [t.name for t in threading.enumerate() if t.name.startswith("memory-gc-scores")]
         assert alive == []
+        row_ = execute(engine, "SELECT status, score_pass FROM gc_runs").one()
+        assert tuple(row_) == ("completed", "stopped")  # not left `due` for good
 
 
 class TestTheRunAroundThePass:
@@ -388,6 +398,49 @@ class TestTheRunAroundThePass:
             swept = build_report(conn, sweep["id"])
         assert swept["drifted"] == [] and swept["totals"]["actions"] > 0
         assert unrefreshed(engine) == set()  # the sweep refreshed its own user
+
+
+class TestWhoIsRefreshed:
+    def test_the_apply_of_a_plan_refreshes_only_the_users_it_planned(self, engine):
+        seed(engine, store())
+        plan = run(engine, SETTINGS, dry_run=True)
+        seed(engine, [row("newcomer", "written after the plan")])  # in no batch of the plan
+        applied = gc_engine.apply_plan(engine, plan["run_id"])
+        assert execute(engine, "SELECT score_pass FROM gc_runs WHERE id = :r",
+                       r=applied).scalar_one() == "done"  # fmt: skip
+        assert unrefreshed(engine) == {"newcomer"}  # as the batches would have left it
+
+    def test_a_lock_on_the_same_user_id_in_another_database_is_not_a_batch_of_this_one(
+        self, engine, twin
+    ):
+        seed(engine, store())
+        with twin.connect() as other:  # another store on the same server holds "user-3"
+            other.execute(sa.text("SELECT pg_advisory_lock(4242001, hashtext('user-3'))"))
+            report = run(engine, SETTINGS)
+            other.execute(sa.text("SELECT pg_advisory_unlock_all()"))
+        assert run_row(engine, report).score_pass == "done"
+        assert unrefreshed(engine) == set()
+
+    def test_a_store_with_child_tables_keeps_the_batch_refresh(self, engine):
+        """Tuple ids name rows of one table: a pass over the parent's pages would not reach a
+        child's rows (and a join on tuple ids alone could reach the wrong ones)."""
+        seed(engine, store())
+        execute(engine, "CREATE TABLE memories_archive () INHERITS (memories)")
+        archived = [row("archived", f"kept {i}", pinned=True) for i in range(5)]
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    INSERT.text.replace("INSERT INTO memories ", "INSERT INTO memories_archive ")
+                ),
+                [r | {"embedding": None, "metadata": "{}"} for r in archived],
+            )
+        report = run(engine, SETTINGS)
+        assert run_row(engine, report).score_pass is None
+        assert report["jobs"]["decay"]["refreshed"] == batch_refreshes(engine, report) > 0
+        refreshed = (
+            "SELECT count(*) FROM ONLY memories_archive WHERE decayed_confidence IS NOT NULL"
+        )
+        assert execute(engine, refreshed).scalar_one() == 0
 
 
 def request() -> gc_engine.RunRequest:

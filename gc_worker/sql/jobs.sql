@@ -59,20 +59,24 @@ WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
 
 -- decay_refresh_pages --
 -- decay_refresh over one range of the table's pages [:lo, :hi) (a run's score pass,
--- gc_worker.score_pass), all users but :skip (those of the run's failed batches, left as they
--- were) and those whose per-user lock a batch holds (:held, their hashtext keys). Rows an
--- application transaction holds are skipped, as in decay_refresh. Each locked row is fetched
--- again by its tuple id (score_pass_plan makes that a nested loop: ~7 % faster per range than
--- a hash join of the range with itself). A row updated by another transaction between the
--- statement's snapshot and its lock is left to the next run.
-UPDATE memories m
+-- gc_worker.score_pass), for the users of the run's done batches (as the batches would have:
+-- not a user the run did not take, nor one of a failed batch) but those whose per-user lock a
+-- batch holds right now (:held, their hashtext keys). Rows an application transaction holds are
+-- skipped, as in decay_refresh. Each locked row is fetched again by its tuple id (score_pass_plan
+-- makes that a nested loop: ~7 % faster per range than a hash join of the range with itself);
+-- ONLY: tuple ids name rows of this table, not of a child table (set_score_pass gives a table
+-- with children no pass). A row updated by another transaction between the statement's
+-- snapshot and its lock is left to the next run.
+UPDATE ONLY memories m
 SET decayed_confidence = memory_gc_decayed(m.confidence, m.importance,
         greatest(m.created_at, m.updated_at, m.last_accessed_at), :now, :half_life_days,
         :multipliers)
 FROM (
-    SELECT ctid AS tid FROM memories
+    SELECT ctid AS tid FROM ONLY memories
     WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid) AND status = 'active'
-      AND NOT pinned AND NOT (user_id = ANY(:skip)) AND NOT (hashtext(user_id) = ANY(:held))
+      AND NOT pinned AND NOT (hashtext(user_id) = ANY(:held))
+      AND user_id IN (SELECT unnest(b.users) FROM gc_run_batches b
+                      WHERE b.run_id = :run_id AND b.state = 'done')
       AND (decayed_confidence IS NULL
            OR abs(decayed_confidence - memory_gc_decayed(confidence, importance,
                   greatest(created_at, updated_at, last_accessed_at), :now,

@@ -202,22 +202,19 @@ RETURNING id
 -- Whether a run refreshes decay scores in one pass over the table after its batches
 -- (gc_worker.score_pass) instead of batch by batch: an apply over every user, decay among its
 -- jobs, more than one batch (one batch reads only its own users' rows: cheaper than the table),
--- and run.score_pass (:enabled) on; memories a plain table (a partitioned one has no pages of its
--- own to walk) on PostgreSQL 14+ (a scan by tid range; before, each range would read it all).
+-- and run.score_pass (:enabled) on; memories a plain table without children (a partitioned or
+-- inheriting one has rows outside the pages the pass walks) on PostgreSQL 14+ (a scan by tid
+-- range; before, each range would read it all).
 UPDATE gc_runs SET score_pass = 'due'
 WHERE id = :run_id AND :enabled AND mode = 'apply' AND users IS NULL AND 'decay' = ANY(jobs)
   AND (SELECT count(*) FROM gc_run_batches b WHERE b.run_id = :run_id) > 1
   AND (SELECT relkind FROM pg_class WHERE oid = CAST('memories' AS regclass)) = 'r'
+  AND NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhparent = CAST('memories' AS regclass))
   AND current_setting('server_version_num')::int >= 140000
 
 -- score_pass_pages --
 -- The pages of memories now (a score pass covers them in ranges; the last range is open).
 SELECT pg_relation_size('memories') / current_setting('block_size')::bigint
-
--- score_pass_skip --
--- The users a score pass leaves alone: those of the run's failed batches.
-SELECT coalesce(array_agg(u), '{}') FROM gc_run_batches b, unnest(b.users) AS u
-WHERE b.run_id = :run_id AND b.state = 'failed'
 
 -- score_pass_count --
 -- Add one page range's rewritten scores to the run's count (in that range's transaction).
@@ -238,3 +235,4 @@ WHERE id = :run_id AND score_pass IS NOT NULL
 SELECT coalesce(array_agg(DISTINCT CAST(CAST(CAST(objid AS bigint) AS bit(32)) AS integer)), '{}')
 FROM pg_locks
 WHERE locktype = 'advisory' AND classid = 4242001 AND objsubid = 2 AND granted
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
