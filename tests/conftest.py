@@ -35,6 +35,19 @@ def migrating(url: str):
         engine.dispose()
 
 
+def check_round_trip(url: str, revision: str, previous: str, count: str, present: int) -> None:
+    """Upgrade an empty database to ``revision`` (``count`` — a SELECT count(*) of what it
+    adds — reads ``present``), downgrade to ``previous`` (it reads 0), upgrade to head again."""
+    from alembic import command
+
+    with migrating(url) as (cfg, conn):
+        command.upgrade(cfg, revision)
+        assert conn.exec_driver_sql(count).scalar() == present
+        command.downgrade(cfg, previous)
+        assert conn.exec_driver_sql(count).scalar() == 0
+        command.upgrade(cfg, "head")
+
+
 _counter = itertools.count()
 
 

@@ -12,7 +12,6 @@ from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
 
 from gc_worker import engine as gc_engine
 from gc_worker import erasure
@@ -23,7 +22,7 @@ from gc_worker.execute import execute as run_executor
 from gc_worker.read_rule import current_memories
 from gc_worker.report import build_report
 from gc_worker.restore import restore_run
-from tests.conftest import TEST_DIM, migrating
+from tests.conftest import TEST_DIM, check_round_trip
 from tests.fake_model import FakeModel, fake_port
 from tests.store import NOW, acted_on, add, city_pair, days_ago, execute, get, run, status
 from tests.test_compaction import E0, unit
@@ -376,9 +375,4 @@ class TestAccessRulesKeepXmin:
 
 def test_migration_0010_round_trip(empty_database_url):
     exists = "SELECT count(*) FROM pg_proc WHERE proname = 'memory_gc_content_version'"
-    with migrating(empty_database_url) as (cfg, conn):
-        command.upgrade(cfg, "0010")
-        assert conn.exec_driver_sql(exists).scalar() == 1
-        command.downgrade(cfg, "0009")
-        assert conn.exec_driver_sql(exists).scalar() == 0
-        command.upgrade(cfg, "head")
+    check_round_trip(empty_database_url, "0010", "0009", exists, present=1)

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
 
 from gc_worker import batch_run, score_pass
 from gc_worker import engine as gc_engine
@@ -23,7 +22,7 @@ from gc_worker.errors import RunFailed, StatementFailed
 from gc_worker.render import render_markdown
 from gc_worker.render_html import render_html
 from gc_worker.report import build_report
-from tests.conftest import migrating
+from tests.conftest import check_round_trip
 from tests.seeding import (
     INSERT,
     end_state,
@@ -459,9 +458,4 @@ def test_migration_0011_round_trip(empty_database_url):
         "SELECT count(*) FROM information_schema.columns WHERE table_name = 'gc_runs'"
         " AND column_name IN ('score_pass', 'scores_refreshed')"
     )
-    with migrating(empty_database_url) as (cfg, conn):
-        command.upgrade(cfg, "0011")
-        assert conn.exec_driver_sql(columns).scalar() == 2
-        command.downgrade(cfg, "0010")
-        assert conn.exec_driver_sql(columns).scalar() == 0
-        command.upgrade(cfg, "head")
+    check_round_trip(empty_database_url, "0011", "0010", columns, present=2)
