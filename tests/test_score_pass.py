@@ -116,6 +116,17 @@ class TestSameAsBatchByBatch:
         # retired rows keep the score they had (NULL): only what is still active is refreshed
         assert any(s == "deleted" and c is None for s, c in scores(engine).values())
 
+    def test_ranges_of_one_page_cover_every_row_once(self, engine, twin, monkeypatch):
+        """Range edges ([lo, hi) by tuple id): no row falls between two ranges."""
+        seed(engine, store(padding=6))
+        seed(twin, store(padding=6))
+        monkeypatch.setattr(score_pass, "PAGES", 1)
+        passed, batched = run(engine, SETTINGS), run(twin, PER_BATCH)
+        pages = execute(engine, "SELECT pg_relation_size('memories') / 8192").scalar_one()
+        assert pages > 3
+        assert run_row(engine, passed).scores_refreshed == batch_refreshes(twin, batched) > 0
+        assert unrefreshed(engine) == set()
+
     def test_a_second_run_refreshes_nothing(self, engine):
         seed(engine, store())
         run(engine, SETTINGS)
@@ -151,6 +162,16 @@ class TestWhichRunsHaveAPass:
             assert report["jobs"]["decay"]["refreshed"] == batch_refreshes(engine, report) > 0
         if case in ("one batch", "named users", "turned off"):
             assert unrefreshed(engine) == set()
+
+    @pytest.mark.parametrize(("batch_users", "passes"), [(4, True), (7, False)])
+    def test_two_batches_have_a_pass_one_has_none(self, engine, batch_users, passes):
+        """The rule's boundary: 7 users in batches of 4 are two batches; of 7, one."""
+        seed(engine, store())
+        report = run(engine, with_run(SETTINGS, batch_users=batch_users))
+        batches = execute(engine, "SELECT count(*) FROM gc_run_batches").scalar_one()
+        assert batches == (2 if passes else 1)
+        assert run_row(engine, report).score_pass == ("done" if passes else None)
+        assert unrefreshed(engine) == set()
 
     def test_the_apply_of_a_plan_over_every_user_has_one(self, engine):
         seed(engine, store())
