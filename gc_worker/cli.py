@@ -20,7 +20,7 @@ from uuid import UUID
 from tqdm import tqdm
 
 from gc_worker import db, logs, schema
-from gc_worker.config import Runtime, Settings, load_runtime, load_settings
+from gc_worker.config import Runtime, Settings, clock_problem, load_runtime, load_settings
 from gc_worker.errors import MemoryGCError, UsageError
 
 Handler = Callable[[argparse.Namespace, "Context"], int]
@@ -73,17 +73,25 @@ def parse_now(value: str | None) -> datetime:
     if parsed.tzinfo is None:
         full = value if "T" in value or " " in value else f"{value}T00:00:00"
         raise UsageError(f"--now {value!r} has no timezone; add one, e.g. {full}Z or {full}+00:00")
+    problem = clock_problem(parsed)
+    if problem is not None:  # every command's clock, not only a run's: it stamps what it changes
+        raise UsageError(f"--now {value!r} {problem}")
     return parsed
 
 
+MAX_COUNT = 1_000_000_000  # a count given on the command line (a list's --limit)
+
+
 def positive_int(value: str) -> int:
-    """argparse type: a whole number ≥ 1."""
+    """argparse type: a whole number from 1 to MAX_COUNT."""
     try:
         number = int(value)
     except ValueError:
         number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
+    if not 1 <= number <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number from 1 to {MAX_COUNT:,}, got {value!r}"
+        )
     return number
 
 

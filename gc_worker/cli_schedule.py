@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 from collections.abc import Callable
 from datetime import datetime
@@ -95,9 +96,13 @@ def _metrics_server(args: argparse.Namespace, daemon: Any) -> Any:
     try:
         server = serve_http(daemon.metrics, daemon.health, args.metrics_host, args.metrics_port)
     except OSError as exc:
+        # taken (or a privileged port): the port; no such name or address here: the host
+        fix = (
+            "--metrics-port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "--metrics-host"
+        )
         raise UsageError(
             f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}; "
-            "pick another --metrics-port"
+            f"pick another {fix}"
         ) from None
     print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
     return server

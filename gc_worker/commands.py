@@ -207,7 +207,8 @@ def cmd_report(args: argparse.Namespace, ctx: Context) -> int:
             )
     fmt = args.format or (render.format_for_path(args.output) if args.output else "json")
     with ctx.engine().connect() as conn:
-        text = render.render(build_report(conn, run_id), fmt)
+        report = build_report(conn, run_id, plan_age_limit_hours=ctx.settings.plan_age_limit_hours)
+        text = render.render(report, fmt)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text, encoding="utf-8")
@@ -251,5 +252,8 @@ def cmd_demo(args: argparse.Namespace, ctx: Context) -> int:
     from gc_worker import demo, logs
 
     logs.configure(os.environ.get("MEMORY_GC_LOG_LEVEL") or "warning")  # a person is reading
-
+    if args.output_dir is not None:  # checked before the demo database is dropped and seeded
+        if args.output_dir.exists() and not args.output_dir.is_dir():
+            raise UsageError(f"--output-dir {args.output_dir} is a file; name a folder")
+        _check_report_path(args.output_dir / "dry-run.json", "--output-dir")
     return demo.run_demo(ctx, output_dir=args.output_dir, apply=args.apply)

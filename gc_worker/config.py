@@ -17,8 +17,10 @@ import tomllib
 import typing
 import zoneinfo
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -26,7 +28,6 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
-    model_validator,
 )
 
 from gc_worker.errors import ConfigError
@@ -36,6 +37,21 @@ RUNTIME_ENV = {"DATABASE_URL", "DATA_DIR", "CONFIG", "LOG_LEVEL"}
 # Day windows are subtracted from the run's clock: 100 years is "forever" in practice, and a
 # window reaching before year 1 would crash every run with OverflowError.
 MAX_DAYS = 36_500
+# A run's clock outside these years is a typo, and the cutoffs computed from it would overflow
+# (or, far in the past, stamp changes that make retention end at once).
+NOW_YEARS = (1971, 9000)
+
+
+def clock_problem(now: datetime) -> str | None:
+    """What makes ``now`` unusable as a run's clock, or None."""
+    if now.tzinfo is None:
+        return "has no timezone"
+    if not NOW_YEARS[0] <= now.year <= NOW_YEARS[1]:
+        return (
+            f"is outside the years {NOW_YEARS[0]}-{NOW_YEARS[1]}; "
+            "the cutoffs computed from it would overflow"
+        )
+    return None
 
 
 class Section(BaseModel):
@@ -63,9 +79,9 @@ class RunSettings(Section):
 class ScheduleSettings(Section):
     cron: str = "0 3 * * *"
     timezone: str = "UTC"
-    misfire_grace_seconds: int = Field(3600, ge=1)
+    misfire_grace_seconds: int = Field(3600, ge=1, le=31 * 86_400)
     mode: Literal["plan_and_apply", "plan_then_apply"] = "plan_and_apply"
-    apply_delay_minutes: int = Field(60, ge=0)
+    apply_delay_minutes: int = Field(60, ge=0, le=366 * 24 * 60)
     poll_seconds: float = Field(2.0, gt=0, le=300)
 
     # checked when the settings load, not when `schedule` first starts: a typo in the cron line
@@ -97,18 +113,20 @@ class ImportanceSettings(JobSection):
 
 
 class DecaySettings(JobSection):
-    half_life_days: float = Field(30.0, gt=0)
+    # bounded so that age / (half-life × multiplier) stays a finite float8 in SQL
+    half_life_days: float = Field(30.0, ge=0.01, le=1_000_000)
     importance_multipliers: tuple[float, float, float, float, float] = (0.5, 0.75, 1.0, 2.0, 4.0)
     forget_below: float = Field(0.05, ge=0, le=1)
     forget_max_importance: int = Field(2, ge=0, le=5)
     grace_days: float = Field(14, ge=0, le=MAX_DAYS)
     epsilon: float = Field(0.01, ge=0, le=1)
 
-    @model_validator(mode="after")
-    def _positive_multipliers(self) -> DecaySettings:
-        if any(m <= 0 for m in self.importance_multipliers):
-            raise ValueError("importance_multipliers must all be > 0")
-        return self
+    @field_validator("importance_multipliers")
+    @classmethod
+    def _multipliers_in_range(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not all(0.01 <= m <= 1000 for m in value):
+            raise ValueError("each multiplier must be between 0.01 and 1000")
+        return value
 
 
 class ContradictionSettings(JobSection):
@@ -129,7 +147,7 @@ class UsagePruneSettings(JobSection):
 
 
 class UserCapSettings(JobSection):
-    max_memories: int = Field(500, ge=1)
+    max_memories: int = Field(500, ge=1, le=100_000_000)
     overflow: Literal["evict", "summarize"] = "evict"
     fallback_to_evict: bool = False
     max_summary_depth: int = Field(1, ge=0, le=10)
@@ -146,9 +164,9 @@ class ErasureSettings(JobSection):
 
 class LLMSettings(Section):
     model: str = "gpt-4.1-mini"
-    max_calls_per_run: int = Field(500, ge=0)
-    max_tokens_per_run: int = Field(2_000_000, ge=0)
-    timeout_seconds: float = Field(30.0, gt=0)
+    max_calls_per_run: int = Field(500, ge=0, le=1_000_000_000)
+    max_tokens_per_run: int = Field(2_000_000, ge=0, le=10**15)
+    timeout_seconds: float = Field(30.0, gt=0, le=3600)
     max_retries: int = Field(3, ge=0, le=10)
 
 
@@ -225,13 +243,31 @@ def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None 
 def load_runtime(env: Mapping[str, str] | None = None) -> Runtime:
     env = os.environ if env is None else env
     data_dir = env.get(ENV_PREFIX + "DATA_DIR")
+    base_url = env.get("OPENAI_BASE_URL") or None
+    if base_url is not None:
+        _check_base_url(base_url)
     return Runtime(
         database_url=env.get(ENV_PREFIX + "DATABASE_URL") or None,
         data_dir=Path(data_dir) if data_dir else default_data_dir(),
         config_path=Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None,
         openai_api_key=env.get("OPENAI_API_KEY") or None,
-        openai_base_url=env.get("OPENAI_BASE_URL") or None,
+        openai_base_url=base_url,
     )
+
+
+def _check_base_url(url: str) -> None:
+    """A mistyped endpoint is refused at start-up: every model call would fail, and the run
+    would defer every model decision night after night as if no model were configured."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number or 0-65535
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"OPENAI_BASE_URL ({url!r}) is not an http(s) URL; use e.g. "
+            "https://api.openai.com/v1 or http://localhost:8000/v1, or unset it to run offline"
+        )
 
 
 def _read_toml(path: Path, named_by: str = ENV_PREFIX + "CONFIG") -> dict[str, Any]:

@@ -136,6 +136,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             f"MEMORY_GC_DATABASE_URL ({_redact(url)}) names a {engine.dialect.name} database; "
             "memory-gc needs PostgreSQL with pgvector (postgresql+psycopg://…)"
         )
+    if engine.url.port is not None and not 1 <= engine.url.port <= 65535:  # libpq: "bad
+        # connection", which would read as a server that is down
+        raise ConfigError(
+            f"MEMORY_GC_DATABASE_URL ({_redact(url)}) names port {engine.url.port}; a port is "
+            "1-65535 (PostgreSQL's default is 5432)"
+        )
     if engine.dialect.driver == "psycopg":
         sa.event.listen(engine, "connect", _register_loaders)
     try:

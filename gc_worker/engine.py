@@ -37,7 +37,7 @@ import jobs
 from gc_worker import audit, claims, erasure, score_pass, triage
 from gc_worker.batch_run import process_next_batch
 from gc_worker.claims import participating
-from gc_worker.config import Settings
+from gc_worker.config import Settings, clock_problem
 from gc_worker.db import describe_error, retrying, transaction, translated_errors
 from gc_worker.errors import NotFoundError, RunFailed, UsageError
 from gc_worker.queries import q
@@ -46,7 +46,6 @@ log = structlog.get_logger("memory_gc")
 # A batch rolled back by a write conflict (deadlock, serialization failure) is claimed and
 # planned again from scratch; the worker itself waits on no row lock, so this is a backstop.
 BATCH_ATTEMPTS = 3
-NOW_YEARS = (1971, 9000)  # a run clock outside these is a mistake (and retention math overflows)
 
 
 @dataclass(frozen=True)
@@ -60,11 +59,9 @@ class RunRequest:
     def __post_init__(self) -> None:
         if self.now.tzinfo is None:
             raise UsageError("the run's `now` must be timezone-aware, e.g. 2026-01-31T03:00:00Z")
-        if not NOW_YEARS[0] <= self.now.year <= NOW_YEARS[1]:
-            raise UsageError(
-                f"the run's `now` ({self.now.isoformat()}) is outside the years "
-                f"{NOW_YEARS[0]}-{NOW_YEARS[1]}; the cutoffs computed from it would overflow"
-            )
+        problem = clock_problem(self.now)
+        if problem is not None:
+            raise UsageError(f"the run's `now` ({self.now.isoformat()}) {problem}")
 
 
 def resolve_jobs(requested: Sequence[str], settings: Settings) -> tuple[str, ...]:

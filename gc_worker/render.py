@@ -291,6 +291,16 @@ def banner(report: Report) -> tuple[str, str, str]:
             return "dry", nothing, f"Its plan was applied by run {applied_by}."
         if status == "rejected":
             return "dry", "Dry run — rejected.", "Its plan will never be applied."
+        age = report.get("plan_age") or {}
+        appliable = status == "completed" or (
+            status == "failed" and report.get("failed_batches") and not _pending(report)
+        )
+        if appliable and age and age["hours"] > age["limit_hours"]:
+            return "dry", nothing, (
+                f"Its plan is {age['hours']:.0f} hours old, older than run.max_plan_age_hours "
+                f"= {age['limit_hours']:g}: `memory-gc apply` refuses it. Make a new plan: "
+                "`memory-gc run --dry-run`"
+            )  # fmt: skip
         if status == "failed" and report.get("failed_batches") and not _pending(report):
             return "dry", f"Dry run — {len(report['failed_batches'])} batch(es) failed.", (
                 "The other users' plan can be applied (the failed batches' users are left as "

@@ -26,9 +26,14 @@ LISTED = ("planned", "applied", "restored")
 LLM_KEYS = ("calls", "input_tokens", "output_tokens", "cache_hits")
 
 
-def build_report(conn: Connection, run_id: UUID, *, actions: bool = True) -> dict[str, Any]:
+def build_report(
+    conn: Connection, run_id: UUID, *, actions: bool = True,
+    plan_age_limit_hours: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The run's report; ``actions=False`` leaves the ``actions`` list empty (counts stay exact),
-    for callers that only need the totals, so memory does not grow with the number of actions."""
+    for callers that only need the totals, so memory does not grow with the number of actions.
+    ``plan_age_limit_hours`` (the caller's run.max_plan_age_hours) adds a plan's age against it
+    (``plan_age``), so that the report does not suggest an `apply` that would be refused."""
     run = load_run(conn, run_id)
     job_rows = _job_counters(conn, run)
     listed: list[dict[str, Any]] = []
@@ -76,7 +81,23 @@ def build_report(conn: Connection, run_id: UUID, *, actions: bool = True) -> dic
             if run.get("score_pass")
             else None
         ),
+        "plan_age": _plan_age(conn, run, plan_age_limit_hours),
     }
+
+
+def _plan_age(
+    conn: Connection, run: dict[str, Any], limit_hours: float | None
+) -> dict[str, float] | None:
+    """A finished, unapplied plan's age (server clock) and the limit `apply` holds it to."""
+    if (
+        limit_hours is None
+        or run["mode"] != "dry_run"
+        or run["finished_at"] is None
+        or run["applied_by"] is not None
+    ):
+        return None
+    age = conn.execute(q("plan_age_hours"), {"run_id": run["id"]}).scalar()
+    return {"hours": round(float(age), 2), "limit_hours": limit_hours}
 
 
 def _failed_batches(conn: Connection, run: dict[str, Any]) -> list[dict[str, Any]]:

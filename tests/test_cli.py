@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from uuid import UUID
 
@@ -108,6 +109,31 @@ class TestHappyPath:
         out = capsys.readouterr().out
         assert run_id in out
 
+    @pytest.mark.parametrize("fmt", ["md", "html"])
+    def test_a_plan_too_old_to_apply_is_not_offered_for_apply(self, engine, cli_env, capsys, fmt):
+        """The banner used to suggest `apply` for a plan `apply` refuses (older than
+        run.max_plan_age_hours); the JSON says how old the plan is against the limit."""
+        seeded(engine)
+        main(["run", "--dry-run", "--now", NOW_ARG])
+        run_id = run_id_from(capsys.readouterr().out)
+        assert main(["report", run_id, "--format", fmt]) == 0
+        assert f"memory-gc apply {run_id}" in capsys.readouterr().out
+        execute(
+            engine,
+            "UPDATE gc_runs SET started_at = started_at - interval '96 hours', "
+            "finished_at = finished_at - interval '96 hours' WHERE id = :id",
+            id=run_id,
+        )
+        assert main(["report", run_id, "--format", fmt]) == 0
+        out = capsys.readouterr().out
+        assert f"memory-gc apply {run_id}" not in out
+        assert "older than run.max_plan_age_hours" in out and "memory-gc run --dry-run" in out
+        assert main(["report", run_id]) == 0
+        age = json.loads(capsys.readouterr().out)["plan_age"]
+        assert 95 < age["hours"] < 97 and age["limit_hours"] == 72
+        assert main(["apply", run_id]) == 2  # what the banner says
+        assert "older than run.max_plan_age_hours" in capsys.readouterr().err
+
     def test_runs_lists_mode_status_and_trigger(self, engine, cli_env, capsys):
         """runs lists recent runs, newest first, with what started them."""
         seeded(engine)
@@ -176,7 +202,7 @@ class TestBadInput:
             (["run", "--report", "out.pdf"], {}, ".json, .md or .html"),
             (["run", "--user", "ghost"], {}, "no memories for user"),
             (["run"], {"MEMORY_GC_DECAY__HALF_LIFE": "3"}, "did you mean `half_life_days`"),
-            (["run"], {"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "-1"}, "greater than 0"),
+            (["run"], {"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "-1"}, "greater than or equal to 0.01"),
             (["run"], {"MEMORY_GC_EMBEDDINGS__DIM": "768"}, "vector(8)"),
             (["apply", "not-a-uuid"], {}, "not a UUID"),
             (["apply", str(UUID(int=5))], {}, "no run with id"),
@@ -192,8 +218,25 @@ class TestBadInput:
             ),
             (["runs"], {"MEMORY_GC_LOG_FORMAT": "json"}, "MEMORY_GC_LOG_FORMAT"),
             (["run", "--now", "2026-01-01"], {}, "e.g. 2026-01-01T00:00:00Z"),
-            (["runs", "--limit", "-5"], {}, "at least 1"),
-            (["reviews", "list", "--limit", "0"], {}, "at least 1"),
+            (["runs", "--limit", "-5"], {}, "from 1 to"),
+            (["reviews", "list", "--limit", "0"], {}, "from 1 to"),
+            (["runs", "--limit", "99999999999999999999"], {}, "from 1 to"),
+            (
+                ["run"],
+                {"MEMORY_GC_DECAY__IMPORTANCE_MULTIPLIERS": "[1e308, 1, 1, 1, 1]"},
+                "between 0.01 and 1000",
+            ),
+            (["run"], {"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "1e-300"}, "half_life_days"),
+            (
+                ["run"],
+                {"MEMORY_GC_SCHEDULE__MISFIRE_GRACE_SECONDS": "100000000000000"},
+                "misfire_grace_seconds",
+            ),
+            (
+                ["run"],
+                {"MEMORY_GC_SCHEDULE__APPLY_DELAY_MINUTES": "100000000000000"},
+                "apply_delay_minutes",
+            ),
             (["report", str(UUID(int=5)), "--output", "out.txt"], {}, ".json, .md or .html"),
             (
                 ["report", str(UUID(int=5)), "--format", "html", "--output", "r.json"],
@@ -259,6 +302,12 @@ class TestBadInput:
             ({"MEMORY_GC_DATABASE_URL": "sqlite:///x.db"}, "names a sqlite database"),
             ({"MEMORY_GC_DATA_DIR": "/proc/no-such-dir"}, "MEMORY_GC_DATA_DIR"),
             ({"MEMORY_GC_CONFIG": "/tmp"}, "cannot be read"),
+            # libpq's "invalid port number" used to read as a server that is down (exit 1)
+            ({"MEMORY_GC_DATABASE_URL": "postgresql://u@127.0.0.1:99999/x"}, "names port 99999"),
+            # a mistyped model endpoint used to defer every model decision, exit 0, every night
+            ({"OPENAI_BASE_URL": "not-a-url"}, "OPENAI_BASE_URL ('not-a-url') is not an http(s)"),
+            ({"OPENAI_BASE_URL": "ftp://models.example/v1"}, "is not an http(s) URL"),
+            ({"OPENAI_BASE_URL": "http://localhost:99999/v1"}, "is not an http(s) URL"),
         ],
     )
     def test_unusable_settings_exit_2_naming_them(self, monkeypatch, capsys, env, fragment):
@@ -288,6 +337,67 @@ class TestBadInput:
         assert not (tmp_path / "new").exists()
         assert main(["run", "--report", str(target), "--now", NOW_ARG]) == 0
         assert target.is_file()
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["forget-user", "u1", "--purge-now"],
+            ["forget-user", "u1"],
+            ["forget", "{expired}", "--purge-now"],
+            ["verify-erasure", "u1"],
+            ["reviews", "resolve", "1", "--dismiss"],
+            ["schedule", "--once-due"],
+            ["run", "--dry-run"],
+        ],
+    )
+    def test_every_commands_clock_is_bounded_before_anything_is_written(
+        self, engine, cli_env, capsys, argv
+    ):
+        """`forget-user --purge-now --now 0001-…` used to exit 2 *after* filing the request:
+        the next run would purge the user. A resolution stamped in year 1 made its row's
+        history retention end at once. Every command's --now is checked as a run's is."""
+        expired = seeded(engine)
+        before = snapshot(engine)
+        argv = [arg.replace("{expired}", str(expired)) for arg in argv]
+        assert main([*argv, "--now", "0001-01-01T00:00:00Z"]) == 2
+        assert "--now '0001-01-01T00:00:00Z' is outside the years 1971-9000" in (
+            capsys.readouterr().err
+        )
+        assert snapshot(engine) == before
+        for table in ("gc_erasure_requests", "gc_runs", "gc_actions"):
+            assert execute(engine, f"SELECT count(*) FROM {table}").scalar() == 0, table
+
+    def test_a_clock_out_of_range_files_no_erasure_through_the_api(self, engine, settings):
+        """The same for callers of gc_worker.erasure.forget, whose request was filed first."""
+        from gc_worker import erasure
+        from gc_worker.errors import UsageError
+
+        seeded(engine)
+        far = datetime(1, 1, 2, tzinfo=UTC)
+        with pytest.raises(UsageError, match="outside the years"):
+            erasure.forget(engine, settings, now=far, user_id="u1", purge_now=True)
+        assert execute(engine, "SELECT count(*) FROM gc_erasure_requests").scalar() == 0
+
+    @pytest.mark.parametrize("target", ["file", "unwritable"])
+    def test_a_demo_folder_that_cannot_be_written_is_refused_before_the_demo(
+        self, capsys, tmp_path, monkeypatch, target
+    ):
+        """`demo --output-dir` used to drop, seed and plan the demo database and then fail
+        writing the reports with a traceback (exit 1)."""
+        monkeypatch.setenv("MEMORY_GC_DATA_DIR", str(tmp_path / "data"))
+        folder = tmp_path / "a-file" if target == "file" else Path("/proc/no-such/reports")
+        if target == "file":
+            folder.write_text("not a folder")
+        assert main(["demo", "--output-dir", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert ("is a file; name a folder" if target == "file" else "cannot be written") in err
+        assert not (tmp_path / "data").exists()  # no embedded server was started for it
+
+    def test_a_metrics_host_that_is_not_here_names_the_host(self, engine, cli_env, capsys):
+        """The message used to send the operator to --metrics-port for a bad host."""
+        argv = ["schedule", "--once-due", "--metrics-host", "203.0.113.7", "--metrics-port", "0"]
+        assert main(argv) == 2
+        assert "pick another --metrics-host" in capsys.readouterr().err
 
     def test_unreachable_database_exits_1(self, monkeypatch, capsys):
         """A database that cannot be reached is a runtime failure (exit 1) with what to check."""
