@@ -42,6 +42,9 @@ from jobs import decay
 log = structlog.get_logger("memory_gc")
 
 PAGES = 1024  # pages per range: 8 MiB, a few hundred milliseconds of work at most
+# work_mem per user of the run for each range's hashed set of users: the planner reckons about
+# 53 bytes an entry (a short id) and hashes only what it expects to fit; room for 4x that
+BYTES_PER_USER = 256
 LAST_PAGE = 4294967295  # the largest block number a tid can name: the last range is open
 ATTEMPTS = 3
 
@@ -62,10 +65,12 @@ def refresh_scores(
 ) -> int:
     """Run ``run``'s score pass with up to ``workers`` threads; the scores it rewrote."""
     with transaction(engine) as conn:
-        pages = int(conn.execute(q("score_pass_pages")).scalar_one())
+        sizes = conn.execute(q("score_pass_pages"), {"run_id": run["id"]}).one()
+    pages = int(sizes.pages)
     params = decay.rule_params(settings.decay, run["now"]) | {
         "now": run["now"],
         "run_id": run["id"],
+        "work_mem_kb": work_mem_kb(int(sizes.users)),
     }
     todo = iter(ranges(pages, PAGES))
     taken = threading.Lock()
@@ -120,6 +125,11 @@ def refresh_scores(
     return refreshed
 
 
+def work_mem_kb(users: int) -> int:
+    """The work_mem a range asks for (score_pass_plan; the server's own if larger)."""
+    return -(-users * BYTES_PER_USER // 1024)
+
+
 def _end(engine: Engine, run_id: Any, state: str) -> None:
     with transaction(engine) as conn:
         conn.execute(q("score_pass_end"), {"run_id": run_id, "state": state})
@@ -129,7 +139,7 @@ def _refresh_range(engine: Engine, pages: tuple[int, int], params: dict[str, Any
     lo, hi = pages
     with transaction(engine) as conn:
         held = list(conn.execute(q("held_user_keys")).scalar_one())
-        conn.execute(q("score_pass_plan"))
+        conn.execute(q("score_pass_plan"), {"work_mem_kb": params["work_mem_kb"]})
         refreshed = conn.execute(
             q("decay_refresh_pages"),
             params | {"lo": f"({lo},0)", "hi": f"({hi},0)", "held": held},

@@ -19,9 +19,11 @@ from gc_worker import batch_run, score_pass
 from gc_worker import engine as gc_engine
 from gc_worker.config import Settings
 from gc_worker.errors import RunFailed, StatementFailed
+from gc_worker.queries import q
 from gc_worker.render import render_markdown
 from gc_worker.render_html import render_html
 from gc_worker.report import build_report
+from jobs import decay
 from tests.conftest import check_round_trip
 from tests.seeding import (
     INSERT,
@@ -461,6 +463,50 @@ class TestWhoIsRefreshed:
             "SELECT count(*) FROM ONLY memories_archive WHERE decayed_confidence IS NOT NULL"
         )
         assert execute(engine, refreshed).scalar_one() == 0
+
+
+class TestManyUsers:
+    def test_the_done_users_stay_a_hashed_set_at_160k_users(self, engine):
+        """The planner hashes the done users only if it expects them to fit in work_mem x
+        hash_mem_multiplier: from ~150k users (4 MB) it compared every row with every user,
+        4 ms a row, and held its row locks for minutes per range. Statistics as autovacuum's
+        ANALYZE leaves them."""
+        users, rows = 160_000, 1_000
+        run_id = execute(
+            engine,
+            "INSERT INTO gc_runs (id, mode, now, jobs, status, score_pass) VALUES "
+            "(gen_random_uuid(), 'apply', :now, ARRAY['decay'], 'completed', 'due') RETURNING id",
+            now=NOW,
+        ).scalar_one()
+        execute(
+            engine,
+            "INSERT INTO gc_run_batches (run_id, batch_no, users, state) "
+            "SELECT :r, u / 1000, array_agg('user-' || lpad(u::text, 8, '0') ORDER BY u), 'done' "
+            "FROM generate_series(0, :n - 1) u GROUP BY u / 1000",
+            r=run_id, n=users,
+        )  # fmt: skip
+        execute(
+            engine,
+            "INSERT INTO memories (user_id, content, created_at, updated_at) "
+            "SELECT 'user-' || lpad((g * 7919 % :n)::text, 8, '0'), 'm ' || g, :t, :t "
+            "FROM generate_series(1, :r) g",
+            n=users, r=rows, t=NOW - timedelta(days=40),
+        )  # fmt: skip
+        execute(engine, "ANALYZE gc_run_batches")
+        execute(engine, "ANALYZE memories")
+        params = decay.rule_params(SETTINGS.decay, NOW) | {
+            "now": NOW, "run_id": run_id, "lo": "(0,0)", "hi": "(1024,0)", "held": [],
+        }  # fmt: skip
+        with engine.begin() as conn:
+            conn.execute(q("score_pass_plan"), {"work_mem_kb": score_pass.work_mem_kb(users)})
+            explain = sa.text("EXPLAIN " + q("decay_refresh_pages").text)
+            plan = "\n".join(r[0] for r in conn.execute(explain, params))
+        assert "hashed SubPlan" in plan, plan
+        run_row = {"id": run_id, "now": NOW}
+        assert score_pass.refresh_scores(engine, run_row, SETTINGS, workers=1) == rows
+        assert execute(
+            engine, "SELECT count(*) FROM memories WHERE decayed_confidence IS NULL"
+        ).scalar_one() == 0  # fmt: skip
 
 
 def request() -> gc_engine.RunRequest:

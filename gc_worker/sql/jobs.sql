@@ -67,8 +67,11 @@ WHERE user_id = ANY(:users) AND status = 'active' AND NOT pinned
 -- ONLY: tuple ids name rows of this table, not of a child table (set_score_pass gives a table
 -- with children no pass). The done batches' users are a hashed subplan (IS TRUE keeps the
 -- planner from making it a join, which with hash joins off would compare every row with every
--- user: 10 s instead of 0.3 s per range at 10k users). A row updated by another transaction
--- between the statement's snapshot and its lock is left to the next run.
+-- user: 10 s instead of 0.3 s per range at 10k users). The planner hashes it only if it expects
+-- the set to fit in work_mem x hash_mem_multiplier: score_pass_plan raises work_mem for the
+-- range to fit the run's users (past ~150k users at 4 MB it stopped hashing: 4 ms per row). A
+-- row updated by another transaction between the statement's snapshot and its lock is left to
+-- the next run.
 UPDATE ONLY memories m
 SET decayed_confidence = memory_gc_decayed(m.confidence, m.importance,
         greatest(m.created_at, m.updated_at, m.last_accessed_at), :now, :half_life_days,
@@ -88,8 +91,12 @@ FROM (
 WHERE m.ctid = locked.tid
 
 -- score_pass_plan --
--- For decay_refresh_pages, in its transaction only: fetch each locked row by its tuple id.
-SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)
+-- For decay_refresh_pages, in its transaction only: fetch each locked row by its tuple id, and
+-- give the done users' hashed set room (:work_mem_kb, never less than the server's setting).
+SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
+       set_config('work_mem', greatest(
+           (SELECT setting::bigint FROM pg_settings WHERE name = 'work_mem'),
+           CAST(:work_mem_kb AS bigint))::text || 'kB', true)
 
 -- decay_refresh_count --
 -- How many rows decay_refresh would rewrite after the batch's planned actions (dry runs).

@@ -213,8 +213,11 @@ WHERE id = :run_id AND :enabled AND mode = 'apply' AND users IS NULL AND 'decay'
   AND current_setting('server_version_num')::int >= 140000
 
 -- score_pass_pages --
--- The pages of memories now (a score pass covers them in ranges; the last range is open).
-SELECT pg_relation_size('memories') / current_setting('block_size')::bigint
+-- The pages of memories now (a score pass covers them in ranges; the last range is open), and
+-- how many users the run's done batches hold (what each range's hashed user set must hold).
+SELECT pg_relation_size('memories') / current_setting('block_size')::bigint AS pages,
+       (SELECT coalesce(sum(cardinality(b.users)), 0) FROM gc_run_batches b
+        WHERE b.run_id = :run_id AND b.state = 'done') AS users
 
 -- score_pass_count --
 -- Add one page range's rewritten scores to the run's count (in that range's transaction).
