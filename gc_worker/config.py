@@ -79,9 +79,9 @@ class RunSettings(Section):
 class ScheduleSettings(Section):
     cron: str = "0 3 * * *"
     timezone: str = "UTC"
-    misfire_grace_seconds: int = Field(3600, ge=1, le=31 * 86_400)
+    misfire_grace_seconds: int = Field(3600, ge=1, le=MAX_DAYS * 86_400)
     mode: Literal["plan_and_apply", "plan_then_apply"] = "plan_and_apply"
-    apply_delay_minutes: int = Field(60, ge=0, le=366 * 24 * 60)
+    apply_delay_minutes: int = Field(60, ge=0, le=MAX_DAYS * 1440)
     poll_seconds: float = Field(2.0, gt=0, le=300)
 
     # checked when the settings load, not when `schedule` first starts: a typo in the cron line
@@ -113,8 +113,9 @@ class ImportanceSettings(JobSection):
 
 
 class DecaySettings(JobSection):
-    # bounded so that age / (half-life × multiplier) stays a finite float8 in SQL
-    half_life_days: float = Field(30.0, ge=0.01, le=1_000_000)
+    # bounds far past any sensible value (stored plans keep validating), within which
+    # age / (half-life × multiplier) stays a finite float8 in SQL
+    half_life_days: float = Field(30.0, ge=1e-6, le=10**12)
     importance_multipliers: tuple[float, float, float, float, float] = (0.5, 0.75, 1.0, 2.0, 4.0)
     forget_below: float = Field(0.05, ge=0, le=1)
     forget_max_importance: int = Field(2, ge=0, le=5)
@@ -124,8 +125,8 @@ class DecaySettings(JobSection):
     @field_validator("importance_multipliers")
     @classmethod
     def _multipliers_in_range(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        if not all(0.01 <= m <= 1000 for m in value):
-            raise ValueError("each multiplier must be between 0.01 and 1000")
+        if not all(1e-6 <= m <= 1e12 for m in value):
+            raise ValueError("each multiplier must be between 1e-6 and 1e12")
         return value
 
 
@@ -147,7 +148,7 @@ class UsagePruneSettings(JobSection):
 
 
 class UserCapSettings(JobSection):
-    max_memories: int = Field(500, ge=1, le=100_000_000)
+    max_memories: int = Field(500, ge=1, le=10**12)
     overflow: Literal["evict", "summarize"] = "evict"
     fallback_to_evict: bool = False
     max_summary_depth: int = Field(1, ge=0, le=10)
@@ -164,9 +165,9 @@ class ErasureSettings(JobSection):
 
 class LLMSettings(Section):
     model: str = "gpt-4.1-mini"
-    max_calls_per_run: int = Field(500, ge=0, le=1_000_000_000)
+    max_calls_per_run: int = Field(500, ge=0, le=10**15)
     max_tokens_per_run: int = Field(2_000_000, ge=0, le=10**15)
-    timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    timeout_seconds: float = Field(30.0, gt=0, le=86_400)
     max_retries: int = Field(3, ge=0, le=10)
 
 
@@ -257,16 +258,22 @@ def load_runtime(env: Mapping[str, str] | None = None) -> Runtime:
 
 def _check_base_url(url: str) -> None:
     """A mistyped endpoint is refused at start-up: every model call would fail, and the run
-    would defer every model decision night after night as if no model were configured."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number or 0-65535
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+    would defer every model decision night after night as if no model were configured. The
+    message shows scheme, host and port only (the URL may carry a key)."""
+    parts = urlsplit(url.strip())
+    shown = f"{parts.scheme}://{parts.hostname}" if parts.hostname else "it"
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        problem = "is not an http(s) URL with a host"
+    else:
+        try:
+            bad_port = parts.port == 0  # ValueError for one that is not a number in 0-65535
+        except ValueError:
+            bad_port = True
+        problem = f"({shown}) has a port that is not 1-65535" if bad_port else None
+    if problem is not None:
         raise ConfigError(
-            f"OPENAI_BASE_URL ({url!r}) is not an http(s) URL; use e.g. "
-            "https://api.openai.com/v1 or http://localhost:8000/v1, or unset it to run offline"
+            f"OPENAI_BASE_URL {problem}; use e.g. https://api.openai.com/v1 or "
+            "http://localhost:8000/v1, or unset it to run offline"
         )
 
 

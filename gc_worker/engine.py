@@ -31,6 +31,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import structlog
+from pydantic import ValidationError
 from sqlalchemy.engine import Connection, Engine
 
 import jobs
@@ -523,8 +524,17 @@ def _insert_batches(
 
 
 def settings_of(run: dict[str, Any]) -> Settings:
-    """The settings a run was planned with (an apply uses its plan's)."""
-    return Settings.model_validate(run["settings"])
+    """The settings a run was planned with (an apply uses its plan's). Settings this version
+    refuses (stored by one that accepted them) are a usage error naming the key, not a crash."""
+    try:
+        return Settings.model_validate(run["settings"])
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        raise UsageError(
+            f"run {run.get('id')} was made with settings this version of memory-gc refuses "
+            f"({key}: {first['msg']}); make a new plan (`memory-gc run --dry-run`)"
+        ) from None
 
 
 def run_once(

@@ -280,6 +280,18 @@ def _pending(report: Report) -> bool:
     return report.get("pending_batches", 1) != 0
 
 
+def _too_old(report: Report) -> str:
+    """Why `apply` would refuse the report's plan for its age, or "" (reports built without
+    a limit, or a plan young enough)."""
+    age = report.get("plan_age") or {}
+    if not age or age["hours"] <= age["limit_hours"]:
+        return ""
+    return (
+        f"Its plan is {age['hours']:.0f} hours old, older than run.max_plan_age_hours = "
+        f"{age['limit_hours']:g}: `memory-gc apply` refuses it."
+    )
+
+
 def banner(report: Report) -> tuple[str, str, str]:
     """(kind, headline, what to do next) for the top of a rendered report. The command it
     suggests is one that works for this run's mode and status."""
@@ -291,16 +303,11 @@ def banner(report: Report) -> tuple[str, str, str]:
             return "dry", nothing, f"Its plan was applied by run {applied_by}."
         if status == "rejected":
             return "dry", "Dry run — rejected.", "Its plan will never be applied."
-        age = report.get("plan_age") or {}
         appliable = status == "completed" or (
             status == "failed" and report.get("failed_batches") and not _pending(report)
         )
-        if appliable and age and age["hours"] > age["limit_hours"]:
-            return "dry", nothing, (
-                f"Its plan is {age['hours']:.0f} hours old, older than run.max_plan_age_hours "
-                f"= {age['limit_hours']:g}: `memory-gc apply` refuses it. Make a new plan: "
-                "`memory-gc run --dry-run`"
-            )  # fmt: skip
+        if appliable and _too_old(report):
+            return "dry", nothing, f"{_too_old(report)} Make a new plan: `memory-gc run --dry-run`"
         if status == "failed" and report.get("failed_batches") and not _pending(report):
             return "dry", f"Dry run — {len(report['failed_batches'])} batch(es) failed.", (
                 "The other users' plan can be applied (the failed batches' users are left as "
@@ -322,6 +329,8 @@ def banner(report: Report) -> tuple[str, str, str]:
         return "incomplete", "Running.", "A process is working this run; render it again later."
     if status != "completed":
         finish = f"; `memory-gc apply {plan}` finishes it" if plan and _pending(report) else ""
+        if finish and _too_old(report):
+            finish = f". {_too_old(report)} A new plan (`memory-gc run --dry-run`) does the rest"
         undo = f"`memory-gc restore --run {run_id}` undoes it{finish}."
         failed = report.get("failed_batches") or []
         users = sum(len(b.get("users", ())) for b in failed)

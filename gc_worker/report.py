@@ -88,15 +88,19 @@ def build_report(
 def _plan_age(
     conn: Connection, run: dict[str, Any], limit_hours: float | None
 ) -> dict[str, float] | None:
-    """A finished, unapplied plan's age (server clock) and the limit `apply` holds it to."""
-    if (
-        limit_hours is None
-        or run["mode"] != "dry_run"
-        or run["finished_at"] is None
-        or run["applied_by"] is not None
-    ):
+    """The age (server clock) of the plan `apply` would be given — a finished, unapplied dry
+    run, or the plan of an apply that did not complete — and the limit `apply` holds it to."""
+    if limit_hours is None:
         return None
-    age = conn.execute(q("plan_age_hours"), {"run_id": run["id"]}).scalar()
+    if run["mode"] == "dry_run" and run["finished_at"] is not None and not run["applied_by"]:
+        plan = run["id"]
+    elif run["mode"] == "apply" and run["plan_run_id"] and run["status"] != "completed":
+        plan = run["plan_run_id"]
+    else:
+        return None
+    age = conn.execute(q("plan_age_hours"), {"run_id": plan}).scalar()
+    if age is None:
+        return None
     return {"hours": round(float(age), 2), "limit_hours": limit_hours}
 
 

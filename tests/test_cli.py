@@ -28,6 +28,14 @@ def seeded(engine):
     return expired
 
 
+def main_run(engine, settings) -> UUID:
+    """One applied run over the seeded store (u1's expired row deleted); its id."""
+    from gc_worker import engine as gc_engine
+
+    request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("ttl_expiry",))
+    return gc_engine.run_once(engine, settings, request)
+
+
 def run_id_from(out: str) -> str:
     return out.split("run ", 1)[1].split(" ", 1)[0]
 
@@ -134,6 +142,50 @@ class TestHappyPath:
         assert main(["apply", run_id]) == 2  # what the banner says
         assert "older than run.max_plan_age_hours" in capsys.readouterr().err
 
+    def test_a_stopped_apply_of_a_plan_too_old_is_not_offered_apply(self, engine, cli_env, capsys):
+        """A stopped apply's banner offered `apply PLAN` to finish it, which `apply` refuses
+        once the plan is older than run.max_plan_age_hours."""
+        from gc_worker import engine as gc_engine
+
+        seeded(engine)
+        main(["run", "--dry-run", "--now", NOW_ARG])
+        plan = run_id_from(capsys.readouterr().out)
+        applying = gc_engine.start_apply(engine, UUID(plan))  # and the process is gone
+        assert main(["report", str(applying), "--format", "md"]) == 0
+        assert f"memory-gc apply {plan}` finishes it" in capsys.readouterr().out
+        execute(
+            engine,
+            "UPDATE gc_runs SET started_at = started_at - interval '96 hours', "
+            "finished_at = finished_at - interval '96 hours' WHERE id = :id",
+            id=plan,
+        )
+        assert main(["report", str(applying), "--format", "md"]) == 0
+        out = capsys.readouterr().out
+        assert f"memory-gc apply {plan}" not in out and "older than run.max_plan_age_hours" in out
+        assert main(["apply", plan]) == 2
+
+    @pytest.mark.parametrize(
+        ("stored", "code"), [(60 * 86_400, 0), (10**12, 2)], ids=["valid-then", "refused-now"]
+    )
+    def test_a_plan_stored_with_settings_applies_or_is_refused_by_name(
+        self, engine, cli_env, capsys, stored, code
+    ):
+        """A plan keeps the settings it was made with; a value this version bounds tighter
+        than the one that stored it is refused naming the key (exit 2), not a traceback."""
+        seeded(engine)
+        main(["run", "--dry-run", "--now", NOW_ARG])
+        plan = run_id_from(capsys.readouterr().out)
+        execute(
+            engine,
+            "UPDATE gc_runs SET settings = jsonb_set(settings, "
+            "'{schedule,misfire_grace_seconds}', to_jsonb(CAST(:v AS bigint))) WHERE id = :id",
+            v=stored, id=plan,
+        )  # fmt: skip
+        assert main(["apply", plan]) == code
+        if code == 2:
+            err = capsys.readouterr().err
+            assert "schedule.misfire_grace_seconds" in err and "make a new plan" in err
+
     def test_runs_lists_mode_status_and_trigger(self, engine, cli_env, capsys):
         """runs lists recent runs, newest first, with what started them."""
         seeded(engine)
@@ -202,7 +254,7 @@ class TestBadInput:
             (["run", "--report", "out.pdf"], {}, ".json, .md or .html"),
             (["run", "--user", "ghost"], {}, "no memories for user"),
             (["run"], {"MEMORY_GC_DECAY__HALF_LIFE": "3"}, "did you mean `half_life_days`"),
-            (["run"], {"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "-1"}, "greater than or equal to 0.01"),
+            (["run"], {"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "-1"}, "(allowed: float >= 1e-06"),
             (["run"], {"MEMORY_GC_EMBEDDINGS__DIM": "768"}, "vector(8)"),
             (["apply", "not-a-uuid"], {}, "not a UUID"),
             (["apply", str(UUID(int=5))], {}, "no run with id"),
@@ -224,7 +276,7 @@ class TestBadInput:
             (
                 ["run"],
                 {"MEMORY_GC_DECAY__IMPORTANCE_MULTIPLIERS": "[1e308, 1, 1, 1, 1]"},
-                "between 0.01 and 1000",
+                "between 1e-6 and 1e12",
             ),
             (["run"], {"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "1e-300"}, "half_life_days"),
             (
@@ -305,9 +357,9 @@ class TestBadInput:
             # libpq's "invalid port number" used to read as a server that is down (exit 1)
             ({"MEMORY_GC_DATABASE_URL": "postgresql://u@127.0.0.1:99999/x"}, "names port 99999"),
             # a mistyped model endpoint used to defer every model decision, exit 0, every night
-            ({"OPENAI_BASE_URL": "not-a-url"}, "OPENAI_BASE_URL ('not-a-url') is not an http(s)"),
+            ({"OPENAI_BASE_URL": "not-a-url"}, "OPENAI_BASE_URL is not an http(s) URL"),
             ({"OPENAI_BASE_URL": "ftp://models.example/v1"}, "is not an http(s) URL"),
-            ({"OPENAI_BASE_URL": "http://localhost:99999/v1"}, "is not an http(s) URL"),
+            ({"OPENAI_BASE_URL": "http://localhost:99999/v1"}, "(http://localhost) has a port"),
         ],
     )
     def test_unusable_settings_exit_2_naming_them(self, monkeypatch, capsys, env, fragment):
@@ -318,6 +370,13 @@ class TestBadInput:
             monkeypatch.setenv(key, value)
         assert main(["runs"]) == 2
         assert fragment in capsys.readouterr().err
+
+    def test_a_bad_model_url_is_named_without_its_key(self, monkeypatch, capsys):
+        monkeypatch.setenv("OPENAI_BASE_URL", "https://user:sk-SECRET@proxy.internal:70000/v1")
+        assert main(["runs"]) == 2
+        err = capsys.readouterr().err
+        assert "(https://proxy.internal) has a port that is not 1-65535" in err
+        assert "SECRET" not in err and "user" not in err
 
     def test_a_url_option_the_driver_refuses_exits_2(self, cli_env, monkeypatch, capsys):
         monkeypatch.setenv("MEMORY_GC_DATABASE_URL", cli_env + "&bogus=1")
@@ -367,16 +426,30 @@ class TestBadInput:
         for table in ("gc_erasure_requests", "gc_runs", "gc_actions"):
             assert execute(engine, f"SELECT count(*) FROM {table}").scalar() == 0, table
 
-    def test_a_clock_out_of_range_files_no_erasure_through_the_api(self, engine, settings):
-        """The same for callers of gc_worker.erasure.forget, whose request was filed first."""
-        from gc_worker import erasure
+    @pytest.mark.parametrize("call", ["forget", "restore_run", "restore_memory", "verify"])
+    def test_a_clock_out_of_range_is_refused_through_the_api(self, engine, settings, call):
+        """The same for library callers: erasure.forget filed its request first; a restore
+        stamps the records it retires with its clock (retention counts from it)."""
+        from gc_worker import erasure, restore, verify_erasure
         from gc_worker.errors import UsageError
 
-        seeded(engine)
+        expired = seeded(engine)
+        applied = main_run(engine, settings)
+        before = snapshot(engine)
         far = datetime(1, 1, 2, tzinfo=UTC)
+        calls = {
+            "forget": lambda: erasure.forget(
+                engine, settings, now=far, user_id="u1", purge_now=True
+            ),
+            "restore_run": lambda: restore.restore_run(engine, applied, now=far),
+            "restore_memory": lambda: restore.restore_memory(engine, expired, now=far),
+            "verify": lambda: verify_erasure.verify(engine, now=far, user_id="u1"),
+        }
         with pytest.raises(UsageError, match="outside the years"):
-            erasure.forget(engine, settings, now=far, user_id="u1", purge_now=True)
+            calls[call]()
+        assert snapshot(engine) == before
         assert execute(engine, "SELECT count(*) FROM gc_erasure_requests").scalar() == 0
+        assert execute(engine, "SELECT count(*) FROM gc_runs").scalar() == 1
 
     @pytest.mark.parametrize("target", ["file", "unwritable"])
     def test_a_demo_folder_that_cannot_be_written_is_refused_before_the_demo(

@@ -74,7 +74,10 @@ class TestErrors:
     @pytest.mark.parametrize(
         ("env", "fragment"),
         [
-            ({"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "0"}, "(allowed: float >= 0.01 and <= 1000000)"),
+            (
+                {"MEMORY_GC_DECAY__HALF_LIFE_DAYS": "0"},
+                "(allowed: float >= 1e-06 and <= 1000000000000)",
+            ),
             ({"MEMORY_GC_DECAY__FORGET_BELOW": "1.5"}, "(allowed: float >= 0 and <= 1)"),
             ({"MEMORY_GC_RUN__BATCH_USERS": "0"}, "(allowed: int >= 1 and <= 100000)"),
             ({"MEMORY_GC_SCHEDULE__CRON": "61 3 * * *"}, "not a valid cron line"),
