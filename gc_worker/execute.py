@@ -127,12 +127,33 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
     active: dict[str, int] = {}
     if capped:
         active = {r.user_id: r.active for r in conn.execute(q("active_counts"), {"users": capped})}
-    return {
-        id(a)
+    return (
+        {
+            id(a)
+            for a in actions
+            if any(known.of(a, dep) != v for dep, v in _premises(a).items())
+            or active.get(a.user_id, 0) < a.details.get("user_active", 0)
+        }
+        | _merges_on_declared_rows(conn, actions)
+        | _about_erased_rows(conn, actions)
+    )
+
+
+def _about_erased_rows(conn: Connection, actions: Sequence[Action]) -> set[int]:
+    """ids() of reviews and deferred groups (which change no row, so no version drifts them)
+    naming a row erased since planning (purged or not): a stale plan applied after a "forget
+    me" would otherwise queue the erased ids for review again."""
+    named = {
+        id(a): {UUID(str(m)) for m in a.details.get("memory_ids", ())} | {a.memory_id} - {None}
         for a in actions
-        if any(known.of(a, dep) != v for dep, v in _premises(a).items())
-        or active.get(a.user_id, 0) < a.details.get("user_active", 0)
-    } | _merges_on_declared_rows(conn, actions)
+        if a.action in (Kind.REVIEW, Kind.DEFERRED)
+    }
+    ids = set().union(*named.values()) if named else set()
+    if not ids:
+        return set()
+    params = {"ids": list(ids), "erasure_reasons": list(ERASURE_REASONS)}
+    erased = set(conn.execute(q("named_rows_erased"), params).scalars())
+    return {key for key, rows in named.items() if rows & erased}
 
 
 def _hold_purges(
@@ -146,7 +167,10 @@ def _hold_purges(
     erased row — by erasure (--purge-now) or by hard_delete after the retention — drifts while
     a record derived from it (same user) is neither erased nor erased by an action of this
     batch that applies, and an erasure purge drifts while another erasure action of its
-    requests drifts. A held purge can hold back its group: repeated until nothing changes."""
+    requests drifts; a purge by another job drifts while a pending request names its row (the
+    erasure job has not erased it yet). A held purge can hold back its group: repeated until
+    nothing changes."""
+    broken = broken | _purges_of_pending_targets(conn, actions)
     drifted = drifted_actions(actions, versions, broken)
     while True:
         held = _purges_with_live_derived(conn, actions, drifted)
@@ -166,6 +190,20 @@ def _hold_purges(
             return drifted
         broken = broken | held
         drifted = drifted_actions(actions, versions, broken)
+
+
+def _purges_of_pending_targets(conn: Connection, actions: Sequence[Action]) -> set[int]:
+    """ids() of purges by another job than erasure of rows a pending erasure request names
+    (sql/execute.sql purge_of_pending_targets): held until the erasure job has erased them."""
+    purges = {
+        a.memory_id: id(a)
+        for a in actions
+        if a.action is Kind.HARD_DELETE and a.job != "erasure" and a.memory_id is not None
+    }
+    if not purges:
+        return set()
+    named = conn.execute(q("purge_of_pending_targets"), {"ids": list(purges)}).scalars()
+    return {purges[memory_id] for memory_id in named}
 
 
 def _purges_with_live_derived(
@@ -295,6 +333,7 @@ def _purge(conn: Connection, actions: list[Action]) -> None:
 
     ids = [a.memory_id for a in actions]
     id_texts = [str(i) for i in ids]
+    conn.execute(q("splice_lineage"), {"ids": ids})
     _checked(conn, "purge_rows", {"ids": ids}, len(ids))
     conn.execute(q("scrub_audit"), {"ids": ids, "id_texts": id_texts})
     params = {"id_texts": id_texts, "keep_details": list(KEEP_DETAILS)}

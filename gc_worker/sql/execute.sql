@@ -113,6 +113,50 @@ FROM (SELECT l.derived_id, max(m.last_accessed_at) AS last_accessed_at,
       GROUP BY l.derived_id) s
 WHERE r.id = s.derived_id
 
+-- splice_lineage --
+-- Before rows are purged (their lineage goes by ON DELETE CASCADE): link every record derived
+-- from a purged row to what that row was made from — through other purged rows, within the
+-- user — so that forgetting a source still reaches the records stating its fact (A, B merged
+-- into M, M summarised into S, M purged: S <- A stays). Nothing else reads lineage but erasure,
+-- its purge holds, and a merge's access bookkeeping when the record is made.
+WITH RECURSIVE up (derived_id, source_id) AS (
+    SELECT l.derived_id, l.source_id FROM memory_lineage l
+    WHERE l.source_id = ANY(:ids) AND NOT (l.derived_id = ANY(:ids))
+    UNION
+    SELECT u.derived_id, l.source_id
+    FROM up u JOIN memory_lineage l ON l.derived_id = u.source_id
+    WHERE u.source_id = ANY(:ids)
+)
+INSERT INTO memory_lineage (derived_id, source_id)
+SELECT DISTINCT u.derived_id, u.source_id
+FROM up u
+JOIN memories d ON d.id = u.derived_id
+JOIN memories s ON s.id = u.source_id AND s.user_id = d.user_id
+WHERE NOT (u.source_id = ANY(:ids))
+ON CONFLICT DO NOTHING
+
+-- purge_of_pending_targets --
+-- Rows a purge by another job than erasure would delete that a pending erasure request names:
+-- a memory request's target, or any row of a user with a pending user request. Purged first
+-- (a stale plan, a run without the erasure job, a batch planned before the request came), the
+-- target would take its lineage and its tombstone's content with it, and the request would
+-- complete with nothing erased while the records derived from it stay active.
+SELECT m.id FROM memories m
+WHERE m.id = ANY(:ids) AND EXISTS (
+    SELECT 1 FROM gc_erasure_requests r
+    WHERE r.status = 'pending' AND r.user_id = m.user_id
+      AND (r.kind = 'user' OR r.memory_id = m.id))
+
+-- named_rows_erased --
+-- Of the rows reviews and deferred groups name, those erased since planning, purged or not
+-- (a tombstone): a stale plan applied after a "forget me" would queue a question about them
+-- again. (A row the application deleted is no erasure: its group is recorded as planned.)
+SELECT t.id FROM unnest(CAST(:ids AS uuid[])) AS t(id)
+WHERE EXISTS (
+        SELECT 1 FROM memories m
+        WHERE m.id = t.id AND m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons))
+   OR EXISTS (SELECT 1 FROM gc_erasure_tombstones g WHERE g.memory_id = t.id)
+
 -- purge_rows --
 -- Physically delete rows (their lineage goes by ON DELETE CASCADE).
 DELETE FROM memories WHERE id = ANY(:ids) RETURNING id
