@@ -70,12 +70,14 @@ def plan_erasure(
     rows: Sequence[Any],
     lineage: Iterable[tuple[UUID, UUID]],
     tombstones: Iterable[tuple[str, UUID, str]],
+    audited: Iterable[tuple[UUID, UUID]] = (),
 ) -> list[Action]:
     """Actions for the pending requests and tombstones of the rows' users.
 
     ``rows``: every memory of those users (id, user_id, row_version, status, status_reason,
     superseded_by, content); ``lineage``: (derived_id, source_id) edges among them;
-    ``tombstones``: (user_id, memory_id, content_hash).
+    ``tombstones``: (user_id, memory_id, content_hash); ``audited``: (requested memory no
+    longer stored, record the worker made from it), from its audit.
     """
     by_id = {row.id: row for row in rows}
     derived: dict[UUID, set[UUID]] = defaultdict(set)
@@ -85,6 +87,7 @@ def plan_erasure(
         sources[derived_id].add(source_id)
     digests = {row.id: content_hash(row.user_id, row.content) for row in rows}
     targets = _requested(requests, rows, by_id)
+    _take_audited(targets, requests, audited, by_id)
     _take_sources(targets, requests, sources, by_id)
     _match_tombstones(targets, rows, digests, tombstones)
     _propagate(targets, rows, digests, derived)
@@ -105,6 +108,27 @@ def _requested(
         for memory_id in ids:
             targets.setdefault(memory_id, _Target("erasure")).requests.add(request.id)
     return targets
+
+
+def _take_audited(
+    targets: dict[UUID, _Target],
+    requests: Sequence[Request],
+    audited: Iterable[tuple[UUID, UUID]],
+    by_id: Mapping[UUID, Any],
+) -> None:
+    """A requested memory the application deleted itself took its lineage with it: the records
+    the worker made from it, found in the audit instead, are erased as derived from it (and
+    what was derived from them follows through lineage, in ``_propagate``)."""
+    asked: dict[UUID, list[Request]] = defaultdict(list)
+    for request in requests:
+        if request.kind == "memory" and request.memory_id not in by_id:
+            asked[request.memory_id].append(request)
+    for target_id, derived_id in audited:
+        row = by_id.get(derived_id)
+        for request in asked.get(target_id, ()):
+            if row is not None and row.user_id == request.user_id:  # never across users
+                _add(targets, derived_id, _Target("erasure", {request.id}), "derived_from",
+                     target_id)  # fmt: skip
 
 
 def _take_sources(
@@ -275,7 +299,16 @@ def plan(ctx: BatchContext) -> list[Action]:
     rows = ctx.conn.execute(q("erasure_rows"), params).all()
     lineage = [tuple(edge) for edge in ctx.conn.execute(q("erasure_lineage"), params)]
     tombstones = [tuple(t) for t in ctx.conn.execute(q("erasure_tombstones"), params)]
-    actions = plan_erasure(requests, rows, lineage, tombstones)
+    stored = {row.id for row in rows}
+    gone = [r for r in requests if r.kind == "memory" and r.memory_id not in stored]
+    audited = []
+    if gone:  # deleted by the application: their lineage went with them
+        found = ctx.conn.execute(
+            q("erasure_audited_derived"),
+            {"targets": [r.memory_id for r in gone], "owners": [r.user_id for r in gone]},
+        )
+        audited = [tuple(edge) for edge in found]
+    actions = plan_erasure(requests, rows, lineage, tombstones, audited)
     # reactivated rows are out of play for the later jobs of this batch (they change on apply)
     ctx.taken.update(a.memory_id for a in actions if a.action is Kind.RESTORE)
     return actions

@@ -79,6 +79,58 @@ def test_a_requested_memory_is_not_purged_before_the_erasure_job_erases_it(engin
     assert verify(engine, now=LATER + 2 * DAY, memory_id=a).residues == []
 
 
+def test_a_requested_memory_the_application_deleted_is_followed_through_the_audit(engine, settings):
+    """forget A, then the application deletes A itself: its lineage (M <- A) cascaded away,
+    and the next run completed the request with nothing erased while M — A's fact — stayed
+    active and verify-erasure was clean. The records the worker made from A are in its audit
+    (create_merged details.sources): they are erased as derived from A."""
+    a, m = merged_fact(engine)
+    erasure.forget(engine, settings, now=LATER, memory_id=a)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM memories WHERE id = :id"), {"id": a})
+    report = run(engine, settings, now=LATER)
+    (done,) = requests(engine)
+    assert done["status"] == "completed" and done["result"]["erased"] == 1
+    assert erased(engine, m)
+    (action,) = [x for x in report["actions"] if x["memory_id"] == str(m)]
+    assert action["details"]["derived_from"] == [str(a)]
+    run(engine, settings, now=LATER + 2 * DAY)
+    assert get(engine, m) is None
+    assert verify(engine, now=LATER + 2 * DAY, memory_id=a).residues == []
+
+
+def test_the_request_stays_pending_while_a_record_found_in_the_audit_is_not_erased(
+    engine, settings
+):
+    """The request's completion follows the audit too: a record made from the deleted memory
+    that the application holds during the run (skipped, never waited for) keeps it pending."""
+    a, m = merged_fact(engine)
+    erasure.forget(engine, settings, now=LATER, memory_id=a)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM memories WHERE id = :id"), {"id": a})
+    with engine.connect() as holder:
+        holder.execute(sa.text("SELECT 1 FROM memories WHERE id = :m FOR UPDATE"), {"m": m})
+        run(engine, settings, now=LATER)
+        holder.rollback()
+    assert requests(engine)[0]["status"] == "pending" and status(engine, m) == "active"
+    run(engine, settings, now=LATER)
+    assert requests(engine)[0]["status"] == "completed" and erased(engine, m)
+
+
+def test_an_unrelated_request_for_a_deleted_memory_erases_nothing(engine, settings):
+    """A requested memory the worker never merged, deleted by the application: nothing else
+    to erase; the request completes and another user's record is untouched."""
+    gone = add(engine, "u1", "A passing remark")
+    kept = add(engine, "u1", "Likes jazz")
+    erasure.forget(engine, settings, now=NOW, memory_id=gone)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM memories WHERE id = :id"), {"id": gone})
+    run(engine, settings)
+    (done,) = requests(engine)
+    assert done["status"] == "completed" and done["result"]["erased"] == 0
+    assert status(engine, kept) == "active"
+
+
 def test_a_user_request_holds_every_purge_of_the_users_rows(engine, settings):
     """The same for forget-user: a run without the erasure job purges none of the user's rows
     (their tombstones would lose the content), and another user's purges go on."""

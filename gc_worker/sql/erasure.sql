@@ -26,6 +26,22 @@ SELECT l.derived_id, l.source_id
 FROM memory_lineage l JOIN memories m ON m.id = l.source_id
 WHERE m.user_id = ANY(:scope)
 
+-- erasure_audited_derived --
+-- For requested memories no longer in memories (the application deleted them, and their lineage
+-- went with them): the records the worker made from them, found in its audit (create_merged
+-- details.sources, which every scrub keeps; GIN-indexed, migration 0009), transitively through
+-- records also gone, within the user. (target_id, derived_id).
+WITH RECURSIVE d (target_id, user_id, id) AS (
+    SELECT t.target_id, t.user_id, t.target_id
+    FROM unnest(CAST(:targets AS uuid[]), CAST(:owners AS text[])) AS t(target_id, user_id)
+    UNION
+    SELECT d.target_id, d.user_id, a.memory_id
+    FROM d JOIN gc_actions a
+      ON a.action = 'create_merged' AND a.outcome IN ('applied', 'restored')
+     AND a.details -> 'sources' ? CAST(d.id AS text) AND a.user_id = d.user_id
+)
+SELECT target_id, id AS derived_id FROM d WHERE id <> target_id
+
 -- erasure_tombstones --
 -- Tombstones of the users in scope: (user_id, memory_id, content_hash).
 SELECT user_id, memory_id, content_hash FROM gc_erasure_tombstones WHERE user_id = ANY(:scope)
@@ -90,6 +106,14 @@ RETURNING id
 WITH RECURSIVE pending AS (
     SELECT id, kind, user_id, memory_id FROM gc_erasure_requests
     WHERE status = 'pending' AND user_id = ANY(:users)
+), audited (request_id, user_id, id) AS (  -- a requested memory gone: erasure_audited_derived
+    SELECT p.id, p.user_id, p.memory_id FROM pending p
+    WHERE p.kind = 'memory' AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = p.memory_id)
+    UNION
+    SELECT d.request_id, d.user_id, a.memory_id
+    FROM audited d JOIN gc_actions a
+      ON a.action = 'create_merged' AND a.outcome IN ('applied', 'restored')
+     AND a.details -> 'sources' ? CAST(d.id AS text) AND a.user_id = d.user_id
 ), made_from (request_id, memory_id, user_id) AS (
     SELECT p.id, m.id, m.user_id
     FROM pending p JOIN memories m
@@ -100,6 +124,9 @@ WITH RECURSIVE pending AS (
          JOIN memories s ON s.id = l.source_id AND s.user_id = f.user_id
 ), reach (request_id, memory_id, user_id) AS (
     SELECT request_id, memory_id, user_id FROM made_from
+    UNION
+    SELECT a.request_id, m.id, m.user_id
+    FROM audited a JOIN memories m ON m.id = a.id AND m.user_id = a.user_id
     UNION
     SELECT r.request_id, d.id, d.user_id
     FROM reach r JOIN memory_lineage l ON l.source_id = r.memory_id
