@@ -42,6 +42,7 @@ from gc_worker.claims import participating
 from gc_worker.config import Settings
 from gc_worker.db import APPLICATION_NAME, describe_error, names_itself
 from gc_worker.engine import (
+    RESUMED_TRIGGERS,
     RunRequest,
     load_run,
     process_run,
@@ -55,7 +56,7 @@ from gc_worker.queries import q
 
 log = structlog.get_logger("memory_gc")
 
-RESUMABLE = (scheduler.NIGHTLY_TRIGGER, scheduler.APPLY_TRIGGER)
+RESUMABLE = RESUMED_TRIGGERS
 SWEEP_TRIGGER = "sweep"
 UPKEEP_SECONDS = 30.0
 # While the sweep loop works a sweep, /healthz stays green as long as batches keep committing,
@@ -84,6 +85,10 @@ class Daemon:
         self.engine, self.settings, self.clock = engine, settings, clock
         self.trigger = scheduler.nightly_trigger(settings.schedule)
         self.metrics = metrics or Metrics()
+        try:
+            self.metrics.load_last_successes(engine, (*RESUMABLE, SWEEP_TRIGGER))
+        except Exception as exc:  # the gauge fills with the next success; the daemon starts
+            log.warning("gc.daemon.metrics_not_loaded", error=describe_error(exc))
         self._llm_factory = llm_factory or (lambda: None)
         self._stop = threading.Event()
         self._nightly = threading.Lock()  # one nightly run at a time (cron job or upkeep)

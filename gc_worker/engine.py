@@ -40,13 +40,24 @@ from gc_worker.batch_run import process_next_batch
 from gc_worker.claims import participating
 from gc_worker.config import Settings, clock_problem
 from gc_worker.db import describe_error, retrying, transaction, translated_errors
-from gc_worker.errors import NotFoundError, RunFailed, UsageError
+from gc_worker.errors import (
+    DatabaseUnavailable,
+    NotFoundError,
+    RunFailed,
+    UsageError,
+    WriteConflict,
+)
 from gc_worker.queries import q
 
 log = structlog.get_logger("memory_gc")
 # A batch rolled back by a write conflict (deadlock, serialization failure) is claimed and
 # planned again from scratch; the worker itself waits on no row lock, so this is a backstop.
 BATCH_ATTEMPTS = 3
+NIGHTLY_TRIGGER = "nightly"  # the daemon's runs (gc_worker.scheduler) …
+APPLY_TRIGGER = "nightly_apply"  # … and its applies of nightly plans (plan_then_apply)
+# Runs a daemon's upkeep takes up again when they are left running with nobody working them
+# (gc_worker.daemon): losing the database leaves them so, instead of failing them.
+RESUMED_TRIGGERS = (NIGHTLY_TRIGGER, APPLY_TRIGGER)
 
 
 @dataclass(frozen=True)
@@ -411,7 +422,9 @@ def _work_parallel(
         # another process works the run. (Stopped or interrupted: left resumable, as a replica
         # would leave it.)
         with contextlib.suppress(Exception):  # the database may be the trouble; say the first
-            _fail(engine, run_id, failures[0])
+            with engine.connect() as conn:
+                trigger = load_run(conn, run_id)["trigger"]
+            _fail(engine, run_id, failures[0], trigger=trigger)
     return _outcome(everyone)
 
 
@@ -451,8 +464,10 @@ def _work_run(
                 break
             if on_batch:
                 on_batch(1)
-    except Exception as exc:
-        _fail(engine, run_id, exc)
+    except Exception as exc:  # logged without the batch's context (its user, job, batch_no)
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(**{**caller_context, "run_id": str(run_id)})
+        _fail(engine, run_id, exc, trigger=run["trigger"])
         raise
     finally:
         # batch_no / user_id / job are bound per batch; a failed batch must not leak them either,
@@ -471,9 +486,18 @@ def _work_run(
     return closed is not None
 
 
-def _fail(engine: Engine, run_id: UUID, exc: Exception) -> None:
+def _fail(engine: Engine, run_id: UUID, exc: Exception, *, trigger: str) -> None:
     """Mark the run failed — unless another process still takes part in it (another replica of
-    the same nightly run): this one's database trouble must not stop the others."""
+    the same nightly run): this one's database trouble must not stop the others — or it is a
+    daemon's run that lost the database (a restart, a failover; not a conflict that kept
+    coming back, which would come back again): left running, with nobody
+    working it, so that the next upkeep of any daemon takes it up where it stopped, as after
+    a daemon's death. (A failed nightly run is not run again: a blip at 03:00 would cost the
+    night.)"""
+    lost = isinstance(exc, DatabaseUnavailable) and not isinstance(exc, WriteConflict)
+    if lost and trigger in RESUMED_TRIGGERS:
+        log.error("gc.run_left_resumable", run_id=str(run_id), error=describe_error(exc))
+        return
     with transaction(engine) as conn:
         own = claims.own_participation_pids(run_id)
         failed = conn.execute(

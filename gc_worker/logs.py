@@ -38,7 +38,11 @@ def configure(level: str | None = None) -> None:
     _configure(logging.getLevelName(name.upper()))
 
 
+HANDLER_NAME = "memory-gc"
+
+
 def _configure(numeric: int) -> None:
+    _configure_libraries(numeric)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -51,3 +55,33 @@ def _configure(numeric: int) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=False,
     )
+
+
+def _configure_libraries(numeric: int) -> None:
+    """Libraries' own log records, warnings and up (APScheduler's skipped or missed firings, a
+    driver's warning; and never below the configured level), as the same JSON lines: without a
+    handler, Python's last-resort handler wrote them to stderr as plain text, which a
+    JSON-lines pipeline rejects. One handler per process, its level set on each call."""
+    root = logging.getLogger()
+    for handler in root.handlers:
+        if handler.get_name() == HANDLER_NAME:
+            handler.setLevel(max(logging.WARNING, numeric))
+            return
+    handler = logging.StreamHandler(_Stderr())
+    handler.set_name(HANDLER_NAME)
+    handler.setLevel(max(logging.WARNING, numeric))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.stdlib.add_logger_name,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(),
+            ],
+        )
+    )
+    root.addHandler(handler)

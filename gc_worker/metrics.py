@@ -7,6 +7,7 @@ Metrics (one registry per daemon; all counters are this replica's, sum them acro
     memory_gc_runs_total{trigger, mode, status}     runs this replica finished (completed/failed)
     memory_gc_run_duration_seconds{trigger, mode}   start to finish of those runs (histogram)
     memory_gc_last_success_timestamp_seconds{trigger}  when the last run of a trigger completed
+                                                    (from the database at start: any replica's)
     memory_gc_llm_calls_total                       model calls made by this replica
     memory_gc_llm_errors_total{kind}                error (after retries) / invalid_answer
     memory_gc_sweep_requests_total{status}          on-demand sweeps finished (done / failed)
@@ -94,7 +95,8 @@ class Metrics:
         for unit in UNITS:
             self.unit_failures.labels(unit)
         for trigger, mode in (("nightly", "apply"), ("nightly", "dry_run"),
-                              ("nightly_apply", "apply"), ("sweep", "apply")):  # fmt: skip
+                              ("nightly_apply", "apply"), ("sweep", "apply"),
+                              ("sweep", "dry_run")):  # fmt: skip
             for status in ("completed", "failed"):
                 self.runs.labels(trigger, mode, status)
         for status in ("done", "failed"):
@@ -117,6 +119,15 @@ class Metrics:
             new = {row.batch_no for row in rows} - seen
             self.batches.labels(trigger).inc(len(new))
             seen |= new
+
+    def load_last_successes(self, engine: Engine, triggers: tuple[str, ...]) -> None:
+        """Start the last-success gauge from the store: a replica started after the last
+        success (a deploy, a restart) otherwise exported no series, and an alert on the time
+        since the last nightly success had nothing to compare until the next one."""
+        with engine.connect() as conn:
+            rows = conn.execute(q("last_successes"), {"triggers": list(triggers)}).all()
+        for row in rows:
+            self.last_success.labels(row.trigger).set(row.finished_at.timestamp())
 
     def run_finished(self, engine: Engine, run_id: UUID) -> None:
         """Count a run this replica completed or saw fail."""

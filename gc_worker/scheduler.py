@@ -31,6 +31,8 @@ from sqlalchemy.engine import Engine
 from gc_worker.config import ScheduleSettings, Settings
 from gc_worker.db import transaction
 from gc_worker.engine import (
+    APPLY_TRIGGER,
+    NIGHTLY_TRIGGER,
     RunRequest,
     applying,
     check_plan_age,
@@ -44,8 +46,6 @@ from gc_worker.queries import q
 log = structlog.get_logger("memory_gc")
 
 SLOT_PREFIX = "nightly"
-NIGHTLY_TRIGGER = "nightly"
-APPLY_TRIGGER = "nightly_apply"
 _WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 _NUMERIC_DOW = re.compile(r"^(\*|\d+)(?:-(\d+))?(?:/(\d+))?$")
 

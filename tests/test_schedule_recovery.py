@@ -225,3 +225,116 @@ class TestOneNightlyRunPerDaemon:
             upkeep.join(20)
             daemon.close()
         assert held == 0, "the daemon worked two nightly runs at once"
+
+
+class TestALostDatabaseLeavesTheNightlyRunResumable:
+    @pytest.mark.parametrize("workers", [1, 2])
+    def test_a_restart_mid_run_is_resumed_by_the_next_upkeep(
+        self, engine, settings, monkeypatch, workers
+    ):
+        """A database restart (a failover, a minor upgrade) ended the nightly run's batch with
+        the connection gone: the run was marked failed with its batches pending, and a failed
+        slot is not run again — the night was lost for every user left. The run is now left
+        running with nobody working it, and the next upkeep takes it up and completes it."""
+        from gc_worker import batch_run
+        from gc_worker.errors import DatabaseUnavailable
+
+        seed(engine, users=3)
+        settings = settings.model_copy(
+            update={"run": settings.run.model_copy(update={"batch_users": 1, "workers": workers})}
+        )
+        real, down = batch_run._commit_batch, [True]
+
+        def restart(*args, **kwargs):
+            if down:
+                raise DatabaseUnavailable("connection lost: terminating connection (57P01)")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(batch_run, "_commit_batch", restart)
+        with closing(Daemon(engine, settings, clock=lambda: SLOT + timedelta(minutes=1))) as d:
+            with pytest.raises(DatabaseUnavailable):
+                d.nightly()
+            (night,) = runs(engine)
+            assert night["status"] == "running" and night["error"] is None
+            down.clear()  # the server is back
+            assert d.resume_orphans() == [night["id"]]
+        (night,) = runs(engine)
+        assert night["status"] == "completed"
+        assert (
+            execute(engine, "SELECT count(*) FROM memories WHERE status = 'active'").scalar() == 3
+        )
+
+    def test_a_cli_run_that_loses_the_database_is_failed_as_before(
+        self, engine, settings, monkeypatch
+    ):
+        """Nothing resumes a one-shot run: it is closed failed, as it was."""
+        from gc_worker import batch_run
+        from gc_worker import engine as gc_engine
+        from gc_worker.errors import DatabaseUnavailable
+
+        seed(engine, users=2)
+
+        def restart(*args, **kwargs):
+            raise DatabaseUnavailable("connection lost: terminating connection (57P01)")
+
+        monkeypatch.setattr(batch_run, "_commit_batch", restart)
+        request = gc_engine.RunRequest(mode="apply", now=SLOT, jobs=("ttl_expiry",))
+        with pytest.raises(DatabaseUnavailable):
+            gc_engine.run_once(engine, settings, request)
+        (run,) = runs(engine)
+        assert run["status"] == "failed"
+
+
+def test_library_warnings_are_json_lines_too():
+    """APScheduler's "skipped: maximum number of running instances reached", logged every 30 s
+    while an upkeep resumes a long run, went through Python's last-resort handler as plain
+    text into the daemon's JSON-lines log. Library warnings are now JSON lines; their info
+    lines (an HTTP client's per-request line) stay out, and so do warnings under
+    MEMORY_GC_LOG_LEVEL=error."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import logging; from gc_worker import logs; logs.configure({level!r});"
+        "logging.getLogger('apscheduler.scheduler').warning("
+        "'Execution of job %s skipped: maximum number of running instances reached (1)', 'x');"
+        "logging.getLogger('httpx').info('HTTP Request: POST http://model/v1');"
+        "logging.getLogger('apscheduler.scheduler').error('gave up')"
+    )
+    for level, expected in (("info", ["warning", "error"]), ("error", ["error"])):
+        done = subprocess.run(
+            [sys.executable, "-c", script.format(level=level)],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        lines = [json.loads(line) for line in done.stderr.splitlines()]
+        assert [line["level"] for line in lines] == expected
+        assert all(line["logger"] == "apscheduler.scheduler" for line in lines)
+
+
+class TestMetricsOfAFreshReplica:
+    def test_the_last_success_comes_from_the_store_and_every_run_series_starts_at_zero(
+        self, engine, settings
+    ):
+        """A replica started after the last nightly success (a deploy, a restart) exported no
+        last-success series, so the documented staleness alert saw nothing; and the dry-run
+        sweep's completed/failed series were not exported at 0 (a first failure was no
+        increase)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        seed(engine, users=1)
+        with closing(Daemon(engine, settings, clock=lambda: SLOT + timedelta(minutes=1))) as d:
+            d.nightly()
+        (night,) = runs(engine)
+        with closing(Daemon(engine, settings, clock=lambda: SLOT + timedelta(hours=2))) as fresh:
+            text = fresh.metrics.exposition().decode()
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        last = samples[("memory_gc_last_success_timestamp_seconds", (("trigger", "nightly"),))]
+        assert last == night["finished_at"].timestamp()
+        for status in ("completed", "failed"):
+            key = (("mode", "dry_run"), ("status", status), ("trigger", "sweep"))
+            assert samples[("memory_gc_runs_total", key)] == 0

@@ -141,6 +141,14 @@ WHERE id = :run_id AND mode = 'dry_run' AND applied_by IS NULL
                SELECT 1 FROM gc_run_batches b WHERE b.run_id = :run_id AND b.state = 'pending')))
 RETURNING id
 
+-- last_successes --
+-- When the last run of each trigger completed, whichever replica ran it (a daemon's gauge
+-- starts from it: a freshly started replica exported no series, and a staleness alert saw
+-- nothing to compare until the next success).
+SELECT trigger, max(finished_at) AS finished_at FROM gc_runs
+WHERE status = 'completed' AND trigger = ANY(CAST(:triggers AS text[])) AND finished_at IS NOT NULL
+GROUP BY trigger
+
 -- run_outcome --
 -- A finished run's status, kind and duration, for the metrics.
 SELECT status, mode, trigger, finished_at,
