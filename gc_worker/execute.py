@@ -54,11 +54,12 @@ def execute(
     """Apply ``actions`` (in plan order) in ``conn``'s transaction; see the module docstring."""
     versions, prior = lock_rows(conn, actions)
     broken = broken_premises(conn, actions, versions)
-    drifted = _hold_purges(conn, actions, versions, broken)
+    splices: list[tuple[UUID, UUID]] = []
+    drifted = _hold_purges(conn, actions, versions, broken, splices)
     outcome = Outcome(prior=prior)
     for action in actions:
         (outcome.drifted if id(action) in drifted else outcome.applied).append(action)
-    _apply(conn, outcome.applied, now=now)
+    _apply(conn, outcome.applied, now=now, splices=splices)
     _queue_reviews(conn, [a for a in outcome.applied if a.action is Kind.REVIEW], run_id)
     return outcome
 
@@ -157,8 +158,9 @@ def _about_erased_rows(conn: Connection, actions: Sequence[Action]) -> set[int]:
 
 
 def _hold_purges(
-    conn: Connection, actions: Sequence[Action], versions: Versions, broken: set[int]
-) -> set[int]:
+    conn: Connection, actions: Sequence[Action], versions: Versions, broken: set[int],
+    splices: list[tuple[UUID, UUID]],
+) -> set[int]:  # fmt: skip
     """The drifted actions (drifted_actions), with erasure purges held back while what they
     rest on does not apply. A purge's ON DELETE CASCADE drops the row's lineage, which is how a
     request's completion reaches the records derived from it and the records a requested memory
@@ -168,12 +170,15 @@ def _hold_purges(
     a record derived from it (same user) is neither erased nor erased by an action of this
     batch that applies, and an erasure purge drifts while another erasure action of its
     requests drifts; a purge by another job drifts while a pending request names its row (the
-    erasure job has not erased it yet). A held purge can hold back its group: repeated until
+    erasure job has not erased it yet), and any purge drifts while a row the lineage it must
+    splice first would name is held by the application (``_unspliceable``; ``splices`` gets
+    the edges of the purges that apply). A held purge can hold back its group: repeated until
     nothing changes."""
     broken = broken | _purges_of_pending_targets(conn, actions)
     drifted = drifted_actions(actions, versions, broken)
     while True:
         held = _purges_with_live_derived(conn, actions, drifted)
+        held |= _unspliceable(conn, actions, drifted, splices)
         open_requests = {
             r
             for a in actions
@@ -190,6 +195,27 @@ def _hold_purges(
             return drifted
         broken = broken | held
         drifted = drifted_actions(actions, versions, broken)
+
+
+def _unspliceable(
+    conn: Connection, actions: Sequence[Action], drifted: set[int],
+    splices: list[tuple[UUID, UUID]],
+) -> set[int]:  # fmt: skip
+    """ids() of the purges (not drifted) whose lineage splice (sql/execute.sql splice_edges)
+    names a row the application holds: the new lineage's foreign keys would wait on it (the
+    worker waits on no application lock). The rows of the others' edges are key-share locked
+    now, and ``splices`` is set to those edges, for ``_purge``."""
+    purges = {
+        a.memory_id: id(a)
+        for a in actions
+        if a.action is Kind.HARD_DELETE and id(a) not in drifted and a.memory_id is not None
+    }
+    edges = conn.execute(q("splice_edges"), {"ids": list(purges)}).all() if purges else []
+    ends = list({row_id for e in edges for row_id in (e.derived_id, e.source_id)})
+    locked = set(conn.execute(q("lock_splice_ends"), {"ids": ends}).scalars()) if ends else set()
+    held = {purges[e.root] for e in edges if not {e.derived_id, e.source_id} <= locked}
+    splices[:] = [(e.derived_id, e.source_id) for e in edges if purges[e.root] not in held]
+    return held
 
 
 def _purges_of_pending_targets(conn: Connection, actions: Sequence[Action]) -> set[int]:
@@ -262,7 +288,10 @@ def drifted_actions(
     return bad | {id(a) for a in actions if a.group is not None and a.group in bad_groups}
 
 
-def _apply(conn: Connection, actions: list[Action], *, now: datetime) -> None:
+def _apply(
+    conn: Connection, actions: list[Action], *, now: datetime,
+    splices: Sequence[tuple[UUID, UUID]] = (),
+) -> None:  # fmt: skip
     by_kind: dict[Kind, list[Action]] = {}
     for action in actions:
         by_kind.setdefault(action.action, []).append(action)
@@ -270,7 +299,7 @@ def _apply(conn: Connection, actions: list[Action], *, now: datetime) -> None:
     _set_importance(conn, by_kind.get(Kind.SET_IMPORTANCE, []), now=now)
     statuses = [a for kind in TARGET_STATUS for a in by_kind.get(kind, [])]
     _set_status(conn, statuses, now=now)
-    _purge(conn, by_kind.get(Kind.HARD_DELETE, []))
+    _purge(conn, by_kind.get(Kind.HARD_DELETE, []), splices)
 
 
 def _checked(conn: Connection, name: str, params: dict[str, Any], expected: int) -> None:
@@ -323,7 +352,9 @@ def _create_records(conn: Connection, actions: list[Action], *, now: datetime) -
         conn.execute(q("merged_access"), {"ids": merged})
 
 
-def _purge(conn: Connection, actions: list[Action]) -> None:
+def _purge(
+    conn: Connection, actions: list[Action], splices: Sequence[tuple[UUID, UUID]] = ()
+) -> None:
     """Delete the rows, then every copy of their content the worker keeps: their own audit and
     plan rows, deferred groups' previews, records merged or summarised from them in plans and
     audit (cut to ids and codes, as an erasure scrubs), cached model decisions about them."""
@@ -333,7 +364,9 @@ def _purge(conn: Connection, actions: list[Action]) -> None:
 
     ids = [a.memory_id for a in actions]
     id_texts = [str(i) for i in ids]
-    conn.execute(q("splice_lineage"), {"ids": ids})
+    if splices:  # their rows are key-share locked (_unspliceable): the inserts wait on nothing
+        derived, sources = zip(*splices, strict=True)
+        conn.execute(q("insert_splices"), {"derived": list(derived), "sources": list(sources)})
     _checked(conn, "purge_rows", {"ids": ids}, len(ids))
     conn.execute(q("scrub_audit"), {"ids": ids, "id_texts": id_texts})
     params = {"id_texts": id_texts, "keep_details": list(KEEP_DETAILS)}

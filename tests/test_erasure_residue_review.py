@@ -220,3 +220,58 @@ def test_a_stale_plan_does_not_queue_a_review_about_a_forgotten_user(engine, set
         ).scalar_one()
     assert items == 0 and drifted == 1
     assert verify(engine, now=NOW, user_id="u1").residues == []
+
+
+def chain(engine: sa.Engine, *, middle_user: str = "u1") -> tuple[UUID, UUID, UUID]:
+    """Y (merged, kept a year) <- P (deleted 60 days ago: hard_delete purges it) <- D (active)."""
+    y = add(engine, "u1", "Allergic to penicillin", status="merged", status_changed_at=NOW)
+    p = add(engine, middle_user, "Penicillin allergy (merged)", status="deleted",
+            deleted_at=NOW - 60 * DAY, status_changed_at=NOW - 60 * DAY)  # fmt: skip
+    d = add(engine, "u1", "Allergic to penicillin; likes jazz")
+    with engine.begin() as conn:
+        link = sa.text("INSERT INTO memory_lineage (derived_id, source_id) VALUES (:d, :s)")
+        conn.execute(link, [{"d": p, "s": y}, {"d": d, "s": p}])
+    return y, p, d
+
+
+def lineage(engine: sa.Engine) -> set[tuple[UUID, UUID]]:
+    with engine.connect() as conn:
+        return set(conn.execute(sa.text("SELECT derived_id, source_id FROM memory_lineage")))
+
+
+def test_a_splice_never_waits_on_the_application(engine, settings):
+    """The new lineage's foreign keys key-share its rows: with the application holding the
+    derived record FOR UPDATE, the purge waited for it (and could deadlock the application).
+    Now the purge is held (drifted) and done by the next run."""
+    import threading
+
+    y, p, d = chain(engine)
+    with engine.connect() as app:
+        app.execute(sa.text("SELECT 1 FROM memories WHERE id = :d FOR UPDATE"), {"d": d})
+        done: list[dict] = []
+        worker = threading.Thread(
+            target=lambda: done.append(run(engine, settings, jobs=["hard_delete"]))
+        )
+        worker.start()
+        worker.join(30)
+        waited = worker.is_alive()
+        app.rollback()
+    worker.join()
+    assert not waited, "the purge waited on the application's lock"
+    assert [x["memory_id"] for x in done[0]["drifted"]] == [str(p)]
+    run(engine, settings, jobs=["hard_delete"])
+    assert get(engine, p) is None and lineage(engine) == {(d, y)}
+
+
+def test_a_splice_stays_within_the_user_and_makes_no_self_edge(engine, settings):
+    """Lineage the application wrote across users, or in a cycle, is not carried on: D(u1) <-
+    P(u2) <- Y(u1) gives no D <- Y, and D <- P <- D no D <- D (an adopted table's CHECK would
+    fail every batch)."""
+    _, p, _ = chain(engine, middle_user="u2")
+    run(engine, settings, jobs=["hard_delete"])
+    assert get(engine, p) is None and lineage(engine) == set()
+    _, p2, d2 = chain(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO memory_lineage VALUES (:p, :d)"), {"p": p2, "d": d2})
+    run(engine, settings, jobs=["hard_delete"])
+    assert get(engine, p2) is None and (d2, d2) not in lineage(engine)
