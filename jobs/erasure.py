@@ -71,13 +71,15 @@ def plan_erasure(
     lineage: Iterable[tuple[UUID, UUID]],
     tombstones: Iterable[tuple[str, UUID, str]],
     audited: Iterable[tuple[UUID, UUID]] = (),
+    audited_sources: Iterable[tuple[UUID, UUID]] = (),
 ) -> list[Action]:
     """Actions for the pending requests and tombstones of the rows' users.
 
     ``rows``: every memory of those users (id, user_id, row_version, status, status_reason,
     superseded_by, content); ``lineage``: (derived_id, source_id) edges among them;
     ``tombstones``: (user_id, memory_id, content_hash); ``audited``: (requested memory no
-    longer stored, record the worker made from it), from its audit.
+    longer stored, record the worker made from it), and ``audited_sources``: (requested record
+    no longer stored, row the worker made it from), from its audit.
     """
     by_id = {row.id: row for row in rows}
     derived: dict[UUID, set[UUID]] = defaultdict(set)
@@ -87,7 +89,8 @@ def plan_erasure(
         sources[derived_id].add(source_id)
     digests = {row.id: content_hash(row.user_id, row.content) for row in rows}
     targets = _requested(requests, rows, by_id)
-    _take_audited(targets, requests, audited, by_id)
+    _take_audited(targets, requests, audited, by_id, "derived_from")
+    _take_audited(targets, requests, audited_sources, by_id, "source_of")
     _take_sources(targets, requests, sources, by_id)
     _match_tombstones(targets, rows, digests, tombstones)
     _propagate(targets, rows, digests, derived)
@@ -115,10 +118,12 @@ def _take_audited(
     requests: Sequence[Request],
     audited: Iterable[tuple[UUID, UUID]],
     by_id: Mapping[UUID, Any],
+    key: str,
 ) -> None:
     """A requested memory the application deleted itself took its lineage with it: the records
-    the worker made from it, found in the audit instead, are erased as derived from it (and
-    what was derived from them follows through lineage, in ``_propagate``)."""
+    the worker made from it (``key`` derived_from), and the rows it made it from if the worker
+    made it (source_of), found in the audit instead, are erased with it (and what was derived
+    from them follows through lineage, in ``_propagate``)."""
     asked: dict[UUID, list[Request]] = defaultdict(list)
     for request in requests:
         if request.kind == "memory" and request.memory_id not in by_id:
@@ -127,8 +132,7 @@ def _take_audited(
         row = by_id.get(derived_id)
         for request in asked.get(target_id, ()):
             if row is not None and row.user_id == request.user_id:  # never across users
-                _add(targets, derived_id, _Target("erasure", {request.id}), "derived_from",
-                     target_id)  # fmt: skip
+                _add(targets, derived_id, _Target("erasure", {request.id}), key, target_id)
 
 
 def _take_sources(
@@ -301,14 +305,18 @@ def plan(ctx: BatchContext) -> list[Action]:
     tombstones = [tuple(t) for t in ctx.conn.execute(q("erasure_tombstones"), params)]
     stored = {row.id for row in rows}
     gone = [r for r in requests if r.kind == "memory" and r.memory_id not in stored]
-    audited = []
-    if gone:  # deleted by the application: their lineage went with them
-        found = ctx.conn.execute(
-            q("erasure_audited_derived"),
-            {"targets": [r.memory_id for r in gone], "owners": [r.user_id for r in gone]},
-        )
-        audited = [tuple(edge) for edge in found]
-    actions = plan_erasure(requests, rows, lineage, tombstones, audited)
+    audited: dict[str, list[tuple[UUID, UUID]]] = {}
+    for name in ("erasure_audited_derived", "erasure_audited_sources"):
+        if gone:  # deleted by the application: their lineage went with them
+            found = ctx.conn.execute(
+                q(name),
+                {"targets": [r.memory_id for r in gone], "owners": [r.user_id for r in gone]},
+            )
+            audited[name] = [tuple(edge) for edge in found]
+    actions = plan_erasure(
+        requests, rows, lineage, tombstones,
+        audited.get("erasure_audited_derived", ()), audited.get("erasure_audited_sources", ()),
+    )  # fmt: skip
     # reactivated rows are out of play for the later jobs of this batch (they change on apply)
     ctx.taken.update(a.memory_id for a in actions if a.action is Kind.RESTORE)
     return actions

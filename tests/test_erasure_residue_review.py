@@ -117,6 +117,38 @@ def test_the_request_stays_pending_while_a_record_found_in_the_audit_is_not_eras
     assert requests(engine)[0]["status"] == "completed" and erased(engine, m)
 
 
+def test_a_requested_record_the_application_deleted_takes_its_sources_through_the_audit(
+    engine, settings
+):
+    """forget M (a merged record), then the application deletes M: the request completed with
+    A and B — which state M's fact — still stored (merged); with M stored they are erased with
+    it (source_of). The audit's create_merged row of M names them. While the application holds
+    one of them, the request stays pending."""
+    a, m = merged_fact(engine)
+    (b,) = [
+        r.id
+        for r in sa_rows(engine, "SELECT id FROM memories WHERE superseded_by = :m", m=m)
+        if r.id != a
+    ]
+    erasure.forget(engine, settings, now=LATER, memory_id=m)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM memories WHERE id = :id"), {"id": m})
+    with engine.connect() as holder:
+        holder.execute(sa.text("SELECT 1 FROM memories WHERE id = :b FOR UPDATE"), {"b": b})
+        run(engine, settings, now=LATER)
+        holder.rollback()
+    assert requests(engine)[0]["status"] == "pending" and erased(engine, a)
+    report = run(engine, settings, now=LATER)
+    assert requests(engine)[0]["status"] == "completed" and erased(engine, b)
+    (action,) = [x for x in report["actions"] if x["memory_id"] == str(b)]
+    assert action["details"]["source_of"] == [str(m)]
+
+
+def sa_rows(engine: sa.Engine, sql: str, **params: object) -> list:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(sql), params).all()
+
+
 def test_an_unrelated_request_for_a_deleted_memory_erases_nothing(engine, settings):
     """A requested memory the worker never merged, deleted by the application: nothing else
     to erase; the request completes and another user's record is untouched."""

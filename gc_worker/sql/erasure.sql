@@ -42,6 +42,22 @@ WITH RECURSIVE d (target_id, user_id, id) AS (
 )
 SELECT target_id, id AS derived_id FROM d WHERE id <> target_id
 
+-- erasure_audited_sources --
+-- For requested memories no longer in memories that the worker made (a merged record, a
+-- summary): the rows it made them from, in its audit (the create_merged row of the record,
+-- details.sources), transitively, within the user. (target_id, source_id).
+WITH RECURSIVE s (target_id, user_id, id) AS (
+    SELECT t.target_id, t.user_id, t.target_id
+    FROM unnest(CAST(:targets AS uuid[]), CAST(:owners AS text[])) AS t(target_id, user_id)
+    UNION
+    SELECT s.target_id, s.user_id, CAST(src.value AS uuid)
+    FROM s JOIN gc_actions a
+      ON a.memory_id = s.id AND a.action = 'create_merged'
+     AND a.outcome IN ('applied', 'restored') AND a.user_id = s.user_id
+    CROSS JOIN LATERAL jsonb_array_elements_text(a.details -> 'sources') AS src(value)
+)
+SELECT target_id, id AS source_id FROM s WHERE id <> target_id
+
 -- erasure_tombstones --
 -- Tombstones of the users in scope: (user_id, memory_id, content_hash).
 SELECT user_id, memory_id, content_hash FROM gc_erasure_tombstones WHERE user_id = ANY(:scope)
@@ -114,10 +130,22 @@ WITH RECURSIVE pending AS (
     FROM audited d JOIN gc_actions a
       ON a.action = 'create_merged' AND a.outcome IN ('applied', 'restored')
      AND a.details -> 'sources' ? CAST(d.id AS text) AND a.user_id = d.user_id
+), audited_sources (request_id, user_id, id) AS (  -- erasure_audited_sources
+    SELECT p.id, p.user_id, p.memory_id FROM pending p
+    WHERE p.kind = 'memory' AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = p.memory_id)
+    UNION
+    SELECT d.request_id, d.user_id, CAST(src.value AS uuid)
+    FROM audited_sources d JOIN gc_actions a
+      ON a.memory_id = d.id AND a.action = 'create_merged'
+     AND a.outcome IN ('applied', 'restored') AND a.user_id = d.user_id
+    CROSS JOIN LATERAL jsonb_array_elements_text(a.details -> 'sources') AS src(value)
 ), made_from (request_id, memory_id, user_id) AS (
     SELECT p.id, m.id, m.user_id
     FROM pending p JOIN memories m
       ON m.user_id = p.user_id AND (p.kind = 'user' OR m.id = p.memory_id)
+    UNION
+    SELECT a.request_id, m.id, m.user_id
+    FROM audited_sources a JOIN memories m ON m.id = a.id AND m.user_id = a.user_id
     UNION
     SELECT f.request_id, s.id, s.user_id
     FROM made_from f JOIN memory_lineage l ON l.derived_id = f.memory_id
