@@ -99,19 +99,27 @@ def test_a_requested_memory_the_application_deleted_is_followed_through_the_audi
     assert verify(engine, now=LATER + 2 * DAY, memory_id=a).residues == []
 
 
+def forget_deleted_then_run_holding(
+    engine: sa.Engine, settings, *, forgotten: UUID, held: UUID
+) -> None:
+    """forget ``forgotten``, the application deletes it, then a run while the application
+    holds ``held`` (FOR UPDATE: skipped by the worker, never waited for)."""
+    erasure.forget(engine, settings, now=LATER, memory_id=forgotten)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM memories WHERE id = :id"), {"id": forgotten})
+    with engine.connect() as holder:
+        holder.execute(sa.text("SELECT 1 FROM memories WHERE id = :h FOR UPDATE"), {"h": held})
+        run(engine, settings, now=LATER)
+        holder.rollback()
+
+
 def test_the_request_stays_pending_while_a_record_found_in_the_audit_is_not_erased(
     engine, settings
 ):
     """The request's completion follows the audit too: a record made from the deleted memory
     that the application holds during the run (skipped, never waited for) keeps it pending."""
     a, m = merged_fact(engine)
-    erasure.forget(engine, settings, now=LATER, memory_id=a)
-    with engine.begin() as conn:
-        conn.execute(sa.text("DELETE FROM memories WHERE id = :id"), {"id": a})
-    with engine.connect() as holder:
-        holder.execute(sa.text("SELECT 1 FROM memories WHERE id = :m FOR UPDATE"), {"m": m})
-        run(engine, settings, now=LATER)
-        holder.rollback()
+    forget_deleted_then_run_holding(engine, settings, forgotten=a, held=m)
     assert requests(engine)[0]["status"] == "pending" and status(engine, m) == "active"
     run(engine, settings, now=LATER)
     assert requests(engine)[0]["status"] == "completed" and erased(engine, m)
@@ -130,13 +138,7 @@ def test_a_requested_record_the_application_deleted_takes_its_sources_through_th
         for r in sa_rows(engine, "SELECT id FROM memories WHERE superseded_by = :m", m=m)
         if r.id != a
     ]
-    erasure.forget(engine, settings, now=LATER, memory_id=m)
-    with engine.begin() as conn:
-        conn.execute(sa.text("DELETE FROM memories WHERE id = :id"), {"id": m})
-    with engine.connect() as holder:
-        holder.execute(sa.text("SELECT 1 FROM memories WHERE id = :b FOR UPDATE"), {"b": b})
-        run(engine, settings, now=LATER)
-        holder.rollback()
+    forget_deleted_then_run_holding(engine, settings, forgotten=m, held=b)
     assert requests(engine)[0]["status"] == "pending" and erased(engine, a)
     report = run(engine, settings, now=LATER)
     assert requests(engine)[0]["status"] == "completed" and erased(engine, b)
