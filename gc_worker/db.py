@@ -204,9 +204,11 @@ def translated_errors() -> Iterator[None]:
                 f"the server refused a statement and rolled the transaction back: "
                 f"{describe_error(exc)}"
             ) from None
-        raise DatabaseUnavailable(
-            f"the database connection failed mid-transaction: {describe_error(exc)}"
-        ) from None
+        lost = exc.connection_invalidated or _is_disconnect(exc.orig)
+        what = "connection failed mid-transaction" if lost else "server refused the transaction"
+        failure = DatabaseUnavailable(f"the database {what}: {describe_error(exc)}")
+        failure.connection_lost = lost
+        raise failure from None
 
 
 def describe_error(exc: BaseException) -> str:
@@ -224,6 +226,14 @@ def _is_conflict(error: BaseException | None) -> bool:
     transaction was rolled back because of another writer, and can simply be run again."""
     state = getattr(error, "sqlstate", None) or ""
     return state.startswith("40") or state == LOCK_NOT_AVAILABLE
+
+
+def _is_disconnect(error: BaseException | None) -> bool:
+    """The connection is gone or the server is going away: no SQLSTATE (the socket), class 08
+    (connection exception), 57P01-57P03 (admin / crash shutdown, cannot connect now), 53300
+    (too many connections)."""
+    state = getattr(error, "sqlstate", None)
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03", "53300")
 
 
 def _is_statement_failure(error: BaseException | None) -> bool:

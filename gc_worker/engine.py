@@ -490,11 +490,16 @@ def _fail(engine: Engine, run_id: UUID, exc: Exception, *, trigger: str) -> None
     """Mark the run failed — unless another process still takes part in it (another replica of
     the same nightly run): this one's database trouble must not stop the others — or it is a
     daemon's run that lost the database (a restart, a failover; not a conflict that kept
-    coming back, which would come back again): left running, with nobody
+    coming back, nor an error the server answered with, which would come back again, every
+    upkeep, for ever): left running, with nobody
     working it, so that the next upkeep of any daemon takes it up where it stopped, as after
     a daemon's death. (A failed nightly run is not run again: a blip at 03:00 would cost the
     night.)"""
-    lost = isinstance(exc, DatabaseUnavailable) and not isinstance(exc, WriteConflict)
+    lost = (
+        isinstance(exc, DatabaseUnavailable)
+        and not isinstance(exc, WriteConflict)
+        and exc.connection_lost
+    )
     if lost and trigger in RESUMED_TRIGGERS:
         log.error("gc.run_left_resumable", run_id=str(run_id), error=describe_error(exc))
         return

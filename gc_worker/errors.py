@@ -38,6 +38,10 @@ class SchemaOutdated(UsageError):
 class DatabaseUnavailable(MemoryGCError):
     """The database could not be reached; check MEMORY_GC_DATABASE_URL and that the server runs."""
 
+    # False: the server answered, with an error that would come back on a new connection (an
+    # application trigger's, a missing data file): not a blip a resumed run gets past
+    connection_lost = True
+
 
 class WriteConflict(DatabaseUnavailable):
     """A concurrent writer conflicted with this transaction (deadlock or serialization failure);

@@ -58,18 +58,19 @@ def _configure(numeric: int) -> None:
 
 
 def _configure_libraries(numeric: int) -> None:
-    """Libraries' own log records, warnings and up (APScheduler's skipped or missed firings, a
-    driver's warning; and never below the configured level), as the same JSON lines: without a
-    handler, Python's last-resort handler wrote them to stderr as plain text, which a
-    JSON-lines pipeline rejects. One handler per process, its level set on each call."""
+    """Libraries' own log records (APScheduler's skipped or missed firings, a driver's
+    warning) as the same JSON lines: without a handler, Python's last-resort handler wrote them
+    to stderr as plain text, which a JSON-lines pipeline rejects. The root logger stays at
+    WARNING, so a library only logs below it when asked to (openai's OPENAI_LOG=info|debug),
+    down to the configured level. One handler per process, its level set on each call."""
     root = logging.getLogger()
     for handler in root.handlers:
         if handler.get_name() == HANDLER_NAME:
-            handler.setLevel(max(logging.WARNING, numeric))
+            handler.setLevel(numeric)
             return
     handler = logging.StreamHandler(_Stderr())
     handler.set_name(HANDLER_NAME)
-    handler.setLevel(max(logging.WARNING, numeric))
+    handler.setLevel(numeric)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[

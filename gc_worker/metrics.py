@@ -133,9 +133,11 @@ class Metrics:
         """Count a run this replica completed or saw fail."""
         with engine.connect() as conn:
             row = conn.execute(q("run_outcome"), {"run_id": run_id}).first()
+        if row is not None and row.finished_at is None:
+            return  # left running (to be resumed): the batches counted stay counted
         with self._lock:
             self._seen.pop(run_id, None)
-        if row is None or row.finished_at is None:
+        if row is None:
             return
         self.runs.labels(row.trigger, row.mode, row.status).inc()
         if row.status == "completed":

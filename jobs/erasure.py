@@ -90,8 +90,9 @@ def plan_erasure(
     digests = {row.id: content_hash(row.user_id, row.content) for row in rows}
     targets = _requested(requests, rows, by_id)
     _take_audited(targets, requests, audited, by_id, "derived_from")
+    audited_sources = list(audited_sources)
     _take_audited(targets, requests, audited_sources, by_id, "source_of")
-    _take_sources(targets, requests, sources, by_id)
+    _take_sources(targets, requests, sources, by_id, [s for _, s in audited_sources])
     _match_tombstones(targets, rows, digests, tombstones)
     _propagate(targets, rows, digests, derived)
     purge_now = {r.id for r in requests if r.purge_now}
@@ -140,12 +141,15 @@ def _take_sources(
     requests: Sequence[Request],
     sources: Mapping[UUID, set[UUID]],
     by_id: Mapping[UUID, Any],
+    audited: Sequence[UUID] = (),
 ) -> None:
     """A forgotten merged record or summary takes the records it was made from (transitively):
     they hold the same facts, and bringing them back would undo the request. Only downward
     from a requested memory: a derived record erased because one of its sources was is the
     other way round (its other sources come back)."""
     frontier = [r.memory_id for r in requests if r.kind == "memory" and r.memory_id in targets]
+    # and from the sources the audit names for a requested record the application deleted
+    frontier += [s for s in dict.fromkeys(audited) if s in targets and s not in frontier]
     while frontier:
         added: list[UUID] = []
         for memory_id in frontier:
