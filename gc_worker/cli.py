@@ -20,7 +20,7 @@ from uuid import UUID
 from tqdm import tqdm
 
 from gc_worker import db, logs, schema
-from gc_worker.config import Runtime, Settings, clock_problem, load_runtime, load_settings
+from gc_worker.config import Runtime, Settings, check_clock, load_runtime, load_settings
 from gc_worker.errors import MemoryGCError, UsageError
 
 Handler = Callable[[argparse.Namespace, "Context"], int]
@@ -73,9 +73,7 @@ def parse_now(value: str | None) -> datetime:
     if parsed.tzinfo is None:
         full = value if "T" in value or " " in value else f"{value}T00:00:00"
         raise UsageError(f"--now {value!r} has no timezone; add one, e.g. {full}Z or {full}+00:00")
-    problem = clock_problem(parsed)
-    if problem is not None:  # every command's clock, not only a run's: it stamps what it changes
-        raise UsageError(f"--now {value!r} {problem}")
+    check_clock(parsed, f"--now {value!r}")  # every command's: it stamps what it changes
     return parsed
 
 

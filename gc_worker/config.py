@@ -30,7 +30,7 @@ from pydantic import (
     field_validator,
 )
 
-from gc_worker.errors import ConfigError
+from gc_worker.errors import ConfigError, UsageError
 
 ENV_PREFIX = "MEMORY_GC_"
 RUNTIME_ENV = {"DATABASE_URL", "DATA_DIR", "CONFIG", "LOG_LEVEL"}
@@ -42,16 +42,16 @@ MAX_DAYS = 36_500
 NOW_YEARS = (1971, 9000)
 
 
-def clock_problem(now: datetime) -> str | None:
-    """What makes ``now`` unusable as a run's clock, or None."""
+def check_clock(now: datetime, label: str) -> None:
+    """Refuse ``now`` as a clock that stamps changes (a run's, an erasure's, a restore's …):
+    a UsageError "``label`` has no timezone" or "… is outside the years …"."""
     if now.tzinfo is None:
-        return "has no timezone"
+        raise UsageError(f"{label} has no timezone")
     if not NOW_YEARS[0] <= now.year <= NOW_YEARS[1]:
-        return (
-            f"is outside the years {NOW_YEARS[0]}-{NOW_YEARS[1]}; "
+        raise UsageError(
+            f"{label} is outside the years {NOW_YEARS[0]}-{NOW_YEARS[1]}; "
             "the cutoffs computed from it would overflow"
         )
-    return None
 
 
 class Section(BaseModel):

@@ -38,7 +38,7 @@ import jobs
 from gc_worker import audit, claims, erasure, score_pass, triage
 from gc_worker.batch_run import process_next_batch
 from gc_worker.claims import participating
-from gc_worker.config import Settings, clock_problem
+from gc_worker.config import Settings, check_clock
 from gc_worker.db import describe_error, retrying, transaction, translated_errors
 from gc_worker.errors import (
     DatabaseUnavailable,
@@ -71,9 +71,7 @@ class RunRequest:
     def __post_init__(self) -> None:
         if self.now.tzinfo is None:
             raise UsageError("the run's `now` must be timezone-aware, e.g. 2026-01-31T03:00:00Z")
-        problem = clock_problem(self.now)
-        if problem is not None:
-            raise UsageError(f"the run's `now` ({self.now.isoformat()}) {problem}")
+        check_clock(self.now, f"the run's `now` ({self.now.isoformat()})")
 
 
 def resolve_jobs(requested: Sequence[str], settings: Settings) -> tuple[str, ...]:
@@ -491,10 +489,9 @@ def _fail(engine: Engine, run_id: UUID, exc: Exception, *, trigger: str) -> None
     the same nightly run): this one's database trouble must not stop the others — or it is a
     daemon's run that lost the database (a restart, a failover; not a conflict that kept
     coming back, nor an error the server answered with, which would come back again, every
-    upkeep, for ever): left running, with nobody
-    working it, so that the next upkeep of any daemon takes it up where it stopped, as after
-    a daemon's death. (A failed nightly run is not run again: a blip at 03:00 would cost the
-    night.)"""
+    upkeep, for ever): left running, with nobody working it, so that the next upkeep of any
+    daemon takes it up where it stopped, as after a daemon's death. (A failed nightly run is
+    not run again: a blip at 03:00 would cost the night.)"""
     lost = (
         isinstance(exc, DatabaseUnavailable)
         and not isinstance(exc, WriteConflict)

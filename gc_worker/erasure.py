@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gc_worker.actions import ERASURE_REASONS, Action, Kind
 from gc_worker.batch import BatchContext
-from gc_worker.config import Settings, clock_problem
+from gc_worker.config import Settings, check_clock
 from gc_worker.db import transaction
 from gc_worker.errors import NotFoundError, RunFailed, UsageError
 from gc_worker.execute import PRIOR_FIELDS
@@ -187,9 +187,8 @@ def forget(
     """File the request; with ``purge_now`` also carry it out now. Returns (request, run id)."""
     from gc_worker import engine as gc_engine
 
-    problem = clock_problem(now)
-    if problem is not None:  # before the request is filed: a refused command files nothing
-        raise UsageError(f"the erasure's `now` ({now.isoformat()}) {problem}")
+    # before the request is filed: a refused command files nothing
+    check_clock(now, f"the erasure's `now` ({now.isoformat()})")
     with transaction(engine) as conn:
         request = file_request(conn, user_id=user_id, memory_id=memory_id, purge_now=purge_now)
     if not purge_now or request.status == "completed":

@@ -366,7 +366,7 @@ def _purge(
     id_texts = [str(i) for i in ids]
     if splices:  # their rows are key-share locked (_unspliceable): the inserts wait on nothing
         derived, sources = zip(*splices, strict=True)
-        conn.execute(q("insert_splices"), {"derived": list(derived), "sources": list(sources)})
+        conn.execute(q("insert_lineage"), {"derived": list(derived), "sources": list(sources)})
     _checked(conn, "purge_rows", {"ids": ids}, len(ids))
     conn.execute(q("scrub_audit"), {"ids": ids, "id_texts": id_texts})
     params = {"id_texts": id_texts, "keep_details": list(KEEP_DETAILS)}

@@ -306,8 +306,8 @@ def banner(report: Report) -> tuple[str, str, str]:
         appliable = status == "completed" or (
             status == "failed" and report.get("failed_batches") and not _pending(report)
         )
-        if appliable and _too_old(report):
-            return "dry", nothing, f"{_too_old(report)} Make a new plan: `memory-gc run --dry-run`"
+        if appliable and (too_old := _too_old(report)):
+            return "dry", nothing, f"{too_old} Make a new plan: `memory-gc run --dry-run`"
         if status == "failed" and report.get("failed_batches") and not _pending(report):
             return "dry", f"Dry run — {len(report['failed_batches'])} batch(es) failed.", (
                 "The other users' plan can be applied (the failed batches' users are left as "
@@ -329,8 +329,8 @@ def banner(report: Report) -> tuple[str, str, str]:
         return "incomplete", "Running.", "A process is working this run; render it again later."
     if status != "completed":
         finish = f"; `memory-gc apply {plan}` finishes it" if plan and _pending(report) else ""
-        if finish and _too_old(report):
-            finish = f". {_too_old(report)} A new plan (`memory-gc run --dry-run`) does the rest"
+        if finish and (too_old := _too_old(report)):
+            finish = f". {too_old} A new plan (`memory-gc run --dry-run`) does the rest"
         undo = f"`memory-gc restore --run {run_id}` undoes it{finish}."
         failed = report.get("failed_batches") or []
         users = sum(len(b.get("users", ())) for b in failed)

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gc_worker import audit
 from gc_worker.actions import TARGET_STATUS, Action, Kind
-from gc_worker.config import clock_problem
+from gc_worker.config import check_clock
 from gc_worker.db import retrying, transaction
 from gc_worker.engine import load_run
 from gc_worker.errors import NotFoundError, UsageError
@@ -45,15 +45,9 @@ ATTEMPTS = 3
 
 def restore_run(engine: Engine, run_id: UUID, *, now: datetime | None = None) -> RestoreResult:
     """Undo every restorable action of ``run_id``."""
-    _check_clock(now)
+    if now is not None:  # it stamps what it retires: retention counts from it
+        check_clock(now, f"the restore's `now` ({now.isoformat()})")
     return retrying(ATTEMPTS, lambda: _restore_run(engine, run_id, now))
-
-
-def _check_clock(now: datetime | None) -> None:
-    """A restore stamps what it retires with ``now``: retention counts from it."""
-    problem = None if now is None else clock_problem(now)
-    if problem is not None:
-        raise UsageError(f"the restore's `now` ({now.isoformat()}) {problem}")
 
 
 def _restore_run(engine: Engine, run_id: UUID, now: datetime | None) -> RestoreResult:
@@ -79,7 +73,8 @@ def restore_memory(
 ) -> RestoreResult:
     """Undo the worker's latest change to one memory (a whole merge or summary when it names
     the record or one of its members)."""
-    _check_clock(now)
+    if now is not None:  # it stamps what it retires: retention counts from it
+        check_clock(now, f"the restore's `now` ({now.isoformat()})")
     return retrying(ATTEMPTS, lambda: _restore_memory(engine, memory_id, now))
 
 

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gc_worker import audit
 from gc_worker.actions import Action, Kind
-from gc_worker.config import clock_problem
+from gc_worker.config import check_clock
 from gc_worker.db import transaction
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.execute import execute
@@ -90,9 +90,8 @@ def resolve_review(
     if sum((keep is not None, obsolete is not None, dismiss)) != 1:
         raise UsageError("resolve a review with exactly one of --keep, --obsolete or --dismiss")
     now = now or datetime.now(UTC)
-    problem = clock_problem(now)
-    if problem is not None:  # it would stamp the obsoleted row: retention counts from it
-        raise UsageError(f"the resolution's `now` ({now.isoformat()}) {problem}")
+    # it would stamp the obsoleted row: retention counts from it
+    check_clock(now, f"the resolution's `now` ({now.isoformat()})")
     with transaction(engine) as conn:
         item = _open_item(conn, review_id)
         rows = members(conn, item["memory_ids"])

@@ -35,7 +35,7 @@ from uuid import UUID
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
-from gc_worker.config import clock_problem
+from gc_worker.config import check_clock
 from gc_worker.db import transaction
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.queries import q
@@ -143,9 +143,7 @@ def verify(
     """Scan for residues of the erasures of a user (or of one memory) and record the result."""
     if (user_id is None) == (memory_id is None):
         raise UsageError("verify-erasure takes a user id or --memory ID")
-    problem = clock_problem(now)
-    if problem is not None:
-        raise UsageError(f"the verification's `now` ({now.isoformat()}) {problem}")
+    check_clock(now, f"the verification's `now` ({now.isoformat()})")
     with transaction(engine) as conn:
         result = _verification(conn, user_id, memory_id)
         needles = _needles(conn, result, memory_id)

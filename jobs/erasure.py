@@ -70,8 +70,8 @@ def plan_erasure(
     rows: Sequence[Any],
     lineage: Iterable[tuple[UUID, UUID]],
     tombstones: Iterable[tuple[str, UUID, str]],
-    audited: Iterable[tuple[UUID, UUID]] = (),
-    audited_sources: Iterable[tuple[UUID, UUID]] = (),
+    audited: Sequence[tuple[UUID, UUID]] = (),
+    audited_sources: Sequence[tuple[UUID, UUID]] = (),
 ) -> list[Action]:
     """Actions for the pending requests and tombstones of the rows' users.
 
@@ -90,7 +90,6 @@ def plan_erasure(
     digests = {row.id: content_hash(row.user_id, row.content) for row in rows}
     targets = _requested(requests, rows, by_id)
     _take_audited(targets, requests, audited, by_id, "derived_from")
-    audited_sources = list(audited_sources)
     _take_audited(targets, requests, audited_sources, by_id, "source_of")
     _take_sources(targets, requests, sources, by_id, [s for _, s in audited_sources])
     _match_tombstones(targets, rows, digests, tombstones)
@@ -309,18 +308,13 @@ def plan(ctx: BatchContext) -> list[Action]:
     tombstones = [tuple(t) for t in ctx.conn.execute(q("erasure_tombstones"), params)]
     stored = {row.id for row in rows}
     gone = [r for r in requests if r.kind == "memory" and r.memory_id not in stored]
-    audited: dict[str, list[tuple[UUID, UUID]]] = {}
-    for name in ("erasure_audited_derived", "erasure_audited_sources"):
-        if gone:  # deleted by the application: their lineage went with them
-            found = ctx.conn.execute(
-                q(name),
-                {"targets": [r.memory_id for r in gone], "owners": [r.user_id for r in gone]},
-            )
-            audited[name] = [tuple(edge) for edge in found]
-    actions = plan_erasure(
-        requests, rows, lineage, tombstones,
-        audited.get("erasure_audited_derived", ()), audited.get("erasure_audited_sources", ()),
-    )  # fmt: skip
+    derived_of_gone: list[tuple[UUID, UUID]] = []  # deleted by the application: their lineage
+    sources_of_gone: list[tuple[UUID, UUID]] = []  # went with them; the audit still names it
+    if gone:
+        found = {"targets": [r.memory_id for r in gone], "owners": [r.user_id for r in gone]}
+        derived_of_gone = [tuple(e) for e in ctx.conn.execute(q("erasure_audited_derived"), found)]
+        sources_of_gone = [tuple(e) for e in ctx.conn.execute(q("erasure_audited_sources"), found)]
+    actions = plan_erasure(requests, rows, lineage, tombstones, derived_of_gone, sources_of_gone)
     # reactivated rows are out of play for the later jobs of this batch (they change on apply)
     ctx.taken.update(a.memory_id for a in actions if a.action is Kind.RESTORE)
     return actions

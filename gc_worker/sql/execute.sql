@@ -92,7 +92,7 @@ FROM jsonb_populate_recordset(NULL::memories, CAST(:records AS jsonb)) AS r
 RETURNING id
 
 -- insert_lineage --
--- Record which rows a created record was made from.
+-- Record which rows a created record was made from (and a purge's splice_edges).
 INSERT INTO memory_lineage (derived_id, source_id)
 SELECT * FROM unnest(CAST(:derived AS uuid[]), CAST(:sources AS uuid[]))
 ON CONFLICT DO NOTHING
@@ -129,7 +129,7 @@ WITH RECURSIVE up (root, derived_id, source_id, user_id) AS (
     SELECT u.root, u.derived_id, l.source_id, u.user_id
     FROM up u JOIN memory_lineage l ON l.derived_id = u.source_id
     WHERE u.source_id = ANY(:ids)
-      AND (SELECT u.user_id = (SELECT s.user_id FROM memories s WHERE s.id = u.source_id))
+      AND (SELECT s.user_id FROM memories s WHERE s.id = u.source_id) = u.user_id
 )
 SELECT DISTINCT root, derived_id, source_id FROM up
 WHERE NOT (source_id = ANY(:ids)) AND derived_id <> source_id
@@ -140,12 +140,6 @@ WHERE NOT (source_id = ANY(:ids)) AND derived_id <> source_id
 -- wait on an application transaction holding one FOR UPDATE); a row held is skipped, never
 -- waited for, and the purge that needs it is held back (gc_worker.execute).
 SELECT id FROM memories WHERE id = ANY(:ids) FOR KEY SHARE SKIP LOCKED
-
--- insert_splices --
--- The edges splice_edges found, once their rows are key-share locked.
-INSERT INTO memory_lineage (derived_id, source_id)
-SELECT * FROM unnest(CAST(:derived AS uuid[]), CAST(:sources AS uuid[]))
-ON CONFLICT DO NOTHING
 
 -- purge_of_pending_targets --
 -- Rows a purge by another job than erasure would delete that a pending erasure request names:
