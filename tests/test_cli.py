@@ -36,6 +36,23 @@ def main_run(engine, settings) -> UUID:
     return gc_engine.run_once(engine, settings, request)
 
 
+def planned(engine, capsys) -> str:
+    """A dry run over the seeded store through the CLI; its run id."""
+    seeded(engine)
+    main(["run", "--dry-run", "--now", NOW_ARG])
+    return run_id_from(capsys.readouterr().out)
+
+
+def age_plan(engine, run_id: str, hours: float) -> None:
+    """Move a run's start and finish ``hours`` into the past."""
+    execute(
+        engine,
+        "UPDATE gc_runs SET started_at = started_at - make_interval(secs => :s), "
+        "finished_at = finished_at - make_interval(secs => :s) WHERE id = :id",
+        s=hours * 3600, id=run_id,
+    )  # fmt: skip
+
+
 def run_id_from(out: str) -> str:
     return out.split("run ", 1)[1].split(" ", 1)[0]
 
@@ -121,17 +138,10 @@ class TestHappyPath:
     def test_a_plan_too_old_to_apply_is_not_offered_for_apply(self, engine, cli_env, capsys, fmt):
         """The banner used to suggest `apply` for a plan `apply` refuses (older than
         run.max_plan_age_hours); the JSON says how old the plan is against the limit."""
-        seeded(engine)
-        main(["run", "--dry-run", "--now", NOW_ARG])
-        run_id = run_id_from(capsys.readouterr().out)
+        run_id = planned(engine, capsys)
         assert main(["report", run_id, "--format", fmt]) == 0
         assert f"memory-gc apply {run_id}" in capsys.readouterr().out
-        execute(
-            engine,
-            "UPDATE gc_runs SET started_at = started_at - interval '96 hours', "
-            "finished_at = finished_at - interval '96 hours' WHERE id = :id",
-            id=run_id,
-        )
+        age_plan(engine, run_id, 96)
         assert main(["report", run_id, "--format", fmt]) == 0
         out = capsys.readouterr().out
         assert f"memory-gc apply {run_id}" not in out
@@ -142,23 +152,28 @@ class TestHappyPath:
         assert main(["apply", run_id]) == 2  # what the banner says
         assert "older than run.max_plan_age_hours" in capsys.readouterr().err
 
+    @pytest.mark.parametrize(("hours", "offered"), [(71.9, True), (72.1, False)])
+    def test_the_banner_offers_apply_up_to_the_plan_age_limit(
+        self, engine, cli_env, capsys, hours, offered
+    ):
+        """run.max_plan_age_hours = 72: a plan just younger is offered for apply and applies;
+        one just older is not, and apply refuses it."""
+        run_id = planned(engine, capsys)
+        age_plan(engine, run_id, hours)
+        assert main(["report", run_id, "--format", "md"]) == 0
+        assert (f"memory-gc apply {run_id}" in capsys.readouterr().out) is offered
+        assert main(["apply", run_id]) == (0 if offered else 2)
+
     def test_a_stopped_apply_of_a_plan_too_old_is_not_offered_apply(self, engine, cli_env, capsys):
         """A stopped apply's banner offered `apply PLAN` to finish it, which `apply` refuses
         once the plan is older than run.max_plan_age_hours."""
         from gc_worker import engine as gc_engine
 
-        seeded(engine)
-        main(["run", "--dry-run", "--now", NOW_ARG])
-        plan = run_id_from(capsys.readouterr().out)
+        plan = planned(engine, capsys)
         applying = gc_engine.start_apply(engine, UUID(plan))  # and the process is gone
         assert main(["report", str(applying), "--format", "md"]) == 0
         assert f"memory-gc apply {plan}` finishes it" in capsys.readouterr().out
-        execute(
-            engine,
-            "UPDATE gc_runs SET started_at = started_at - interval '96 hours', "
-            "finished_at = finished_at - interval '96 hours' WHERE id = :id",
-            id=plan,
-        )
+        age_plan(engine, plan, 96)
         assert main(["report", str(applying), "--format", "md"]) == 0
         out = capsys.readouterr().out
         assert f"memory-gc apply {plan}" not in out and "older than run.max_plan_age_hours" in out
@@ -172,9 +187,7 @@ class TestHappyPath:
     ):
         """A plan keeps the settings it was made with; a value this version bounds tighter
         than the one that stored it is refused naming the key (exit 2), not a traceback."""
-        seeded(engine)
-        main(["run", "--dry-run", "--now", NOW_ARG])
-        plan = run_id_from(capsys.readouterr().out)
+        plan = planned(engine, capsys)
         execute(
             engine,
             "UPDATE gc_runs SET settings = jsonb_set(settings, "
@@ -318,6 +331,8 @@ class TestBadInput:
             (["run", "--dry-run", "--now", "9001-01-01T00:00:00Z"], 2),
             (["runs", "--limit", "1"], 0),
             (["runs", "--limit", "0"], 2),
+            (["runs", "--limit", "1000000000"], 0),
+            (["runs", "--limit", "1000000001"], 2),
         ],
     )
     def test_bounds_just_inside_and_just_outside(self, engine, cli_env, capsys, argv, code):
@@ -370,6 +385,24 @@ class TestBadInput:
             monkeypatch.setenv(key, value)
         assert main(["runs"]) == 2
         assert fragment in capsys.readouterr().err
+
+    @pytest.mark.parametrize(
+        ("env", "code"),
+        [
+            ({"MEMORY_GC_DATABASE_URL": "postgresql://u@127.0.0.1:65535/x"}, 1),  # unreachable
+            ({"MEMORY_GC_DATABASE_URL": "postgresql://u@127.0.0.1:65536/x"}, 2),
+            ({"OPENAI_BASE_URL": "http://127.0.0.1:65535/v1"}, 0),
+            ({"OPENAI_BASE_URL": "http://127.0.0.1:65536/v1"}, 2),
+            ({"OPENAI_BASE_URL": "http://127.0.0.1:1/v1"}, 0),
+            ({"OPENAI_BASE_URL": "http://127.0.0.1:0/v1"}, 2),
+        ],
+    )
+    def test_ports_just_inside_and_just_outside(self, cli_env, monkeypatch, capsys, env, code):
+        """1-65535 is a port: the edges are accepted (the database one is then unreachable,
+        exit 1), one past them is bad input (exit 2)."""
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        assert main(["runs"]) == code
 
     def test_a_bad_model_url_is_named_without_its_key(self, monkeypatch, capsys):
         monkeypatch.setenv("OPENAI_BASE_URL", "https://user:sk-SECRET@proxy.internal:70000/v1")

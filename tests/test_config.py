@@ -107,3 +107,24 @@ class TestErrors:
         """A missing config file is named."""
         with pytest.raises(ConfigError, match="does not exist"):
             load_settings(tmp_path / "nope.toml", env={})
+
+
+@pytest.mark.parametrize(
+    ("key", "edge"),
+    [
+        ("SCHEDULE__MISFIRE_GRACE_SECONDS", 36_500 * 86_400),
+        ("SCHEDULE__APPLY_DELAY_MINUTES", 36_500 * 1440),
+        ("USER_CAP__MAX_MEMORIES", 10**12),
+        ("LLM__MAX_CALLS_PER_RUN", 10**15),
+        ("LLM__MAX_TOKENS_PER_RUN", 10**15),
+        ("LLM__TIMEOUT_SECONDS", 86_400),
+    ],
+)
+def test_upper_bounds_just_inside_and_just_outside(key, edge):
+    """The upper bounds the ninth session added (values past them failed at run time with
+    exit 1): the edge loads, one past it is a ConfigError naming the key."""
+    name = "MEMORY_GC_" + key
+    section, field = key.lower().split("__")
+    assert getattr(getattr(load_settings(env={name: str(edge)}), section), field) == edge
+    with pytest.raises(ConfigError, match=field):
+        load_settings(env={name: str(edge + 1)})

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+from pydantic import ValidationError
 from sqlalchemy import text
 
 from gc_worker.config import DecaySettings, Settings, UserCapSettings
@@ -122,6 +124,23 @@ class TestDecay:
         report = run(engine, settings, jobs=["decay"])
         assert acted_on(report) == {str(old)}
         assert status(engine, young) == "active"
+
+    @pytest.mark.parametrize("edge", [1e-6, 1e12])
+    def test_the_half_life_bounds_are_finite_in_sql(self, engine, edge):
+        """At either edge of half_life_days and of the multipliers, a row written in 1971
+        decays at a clock in year 9000 (the run's bounds) without the server's float8
+        overflow, which 1e308 made fail the batch; just past them is refused."""
+        policy = DecaySettings(half_life_days=edge, importance_multipliers=(edge,) * 5)
+        far = NOW.replace(year=9000)
+        old = add(engine, created_at=NOW.replace(year=1971), importance=5)
+        report = run(engine, Settings(decay=policy), jobs=["decay"], now=far)
+        assert report["status"] == "completed"
+        expected = 0.0 if edge < 1 else 1.0
+        assert abs(get(engine, old)["decayed_confidence"] - expected) < 1e-3
+        with pytest.raises(ValidationError):
+            DecaySettings(half_life_days=edge * (0.5 if edge < 1 else 2))
+        with pytest.raises(ValidationError):
+            DecaySettings(importance_multipliers=(edge * (0.5 if edge < 1 else 2),) * 5)
 
     def test_pinned_never_scored_nor_forgotten(self, engine, settings):
         """Pinned rows keep their score column and status."""
