@@ -121,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.configure()
         args = build_parser().parse_args(argv)
         context = Context(load_settings(args.config), load_runtime())
-        with sigterm_interrupts(args.command != "schedule"):  # the daemon has its own handler
+        # the daemon puts its own handler in once it is built; until then (a first connection
+        # that hangs) SIGTERM interrupts it as it does any command
+        with sigterm_interrupts():
             return int(args.handler(args, context) or 0)
     except MemoryGCError as exc:
         print(f"memory-gc: error: {exc}", file=sys.stderr)
@@ -146,11 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def sigterm_interrupts(enabled: bool) -> Iterator[None]:
+def sigterm_interrupts() -> Iterator[None]:
     """SIGTERM stops a one-shot command as Ctrl-C does: the open batch rolls back, committed
     ones stay. Without a handler, a process that is PID 1 of a container (no init) ignores
     SIGTERM, and `docker stop` would wait for SIGKILL."""
-    if not enabled or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _interrupt)

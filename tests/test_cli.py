@@ -565,6 +565,34 @@ class TestSignals:
         assert proc.returncode == 1, err
         assert "interrupted; committed batches stay applied" in err
 
+    def test_sigterm_stops_the_daemon_while_it_still_connects(self, cli_env):
+        """`schedule` whose first connection hangs (a server that accepts and never answers,
+        no connect_timeout in the URL) still handles SIGTERM: exit 1 with the interrupt
+        message, not the signal's default, which PID 1 of a container ignores."""
+        import socket
+
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            port = listener.getsockname()[1]
+            env = dict(
+                os.environ,
+                PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+                MEMORY_GC_DATABASE_URL=f"postgresql+psycopg://gc@127.0.0.1:{port}/memories",
+            )
+            argv = [sys.executable, "-m", "gc_worker.cli", "schedule"]
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+            try:
+                listener.settimeout(60)
+                accepted, _ = listener.accept()  # the worker is now waiting for an answer
+                time.sleep(0.5)  # past its imports: inside the connect
+                proc.send_signal(signal.SIGTERM)
+                _, err = proc.communicate(timeout=60)
+                accepted.close()
+            finally:
+                proc.kill()
+        assert proc.returncode == 1, err
+        assert "interrupted" in err
+
     def test_a_one_shot_command_puts_the_sigterm_handler_back(self, cli_env):
         """The handler lives only while the command runs (in-process callers keep theirs)."""
         before = signal.getsignal(signal.SIGTERM)
