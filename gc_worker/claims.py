@@ -30,6 +30,12 @@ WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"  # this process, in gc_run_b
 # A batch whose worker died inside it this many times (claimed, never released: killed, out of
 # memory) is failed rather than handed to the next worker, which would die the same way.
 MAX_LOST_CLAIMS = 3
+# Claims this process ended but could not release on their session because the server ended
+# the session (a restart, a failover's shutdown): neither the worker nor the batch died there,
+# so the release is made on its next claim's session. A session lost without the server saying
+# why (a crash; the batch may have crashed it) still counts, so a batch that brings the server
+# down every time is given up after MAX_LOST_CLAIMS.
+_OWED_RELEASES: set[tuple[UUID, int]] = set()
 
 
 # The backend pids of this thread's participation sessions, per run (an apply participates
@@ -98,11 +104,13 @@ def claimed(
     when ``should_stop`` says so while its users are held by another batch), and lock its users,
     on a session of our own: the claim spans the batch's plan and the transaction that applies
     it, needs no transaction open in between, and dies with the session if the worker does."""
+    ending: BaseException | None = None
     with translated_errors():
         conn = engine.connect()
         try:
             conn.execution_options(isolation_level="AUTOCOMMIT")
             conn.execute(q("keep_idle_session"))
+            _pay_owed_releases(conn)
             claimed_no = None
             claim = _claim(conn, run_id)
             if claim is not None:
@@ -110,12 +118,37 @@ def claimed(
                 if not _lock_users(conn, list(claim.batch.users), should_stop):
                     claim = None  # asked to stop while waiting: the batch stays pending
             yield claim
+        except BaseException as exc:
+            ending = exc
+            raise
         finally:
             alive = [("release_claim", {"run_id": run_id, "batch_no": claimed_no})]
-            _release(
+            released = _release(
                 conn, ("reset_session", {}), ("reset_lock_timeout", {}),
                 *(alive if claimed_no is not None else []), ("unlock_claim", {}),
             )  # fmt: skip
+            if not released and claimed_no is not None and not _may_have_crashed(ending):
+                with _OWN_LOCK:
+                    _OWED_RELEASES.add((run_id, claimed_no))
+
+
+def _may_have_crashed(ending: BaseException | None) -> bool:
+    """The claim ended with its session lost and the server not saying why: it may be the
+    batch that brought the server down."""
+    return getattr(ending, "connection_lost", False) and not getattr(
+        ending, "server_restart", False
+    )
+
+
+def _pay_owed_releases(conn: Connection) -> None:
+    """Release the claims this process could not release on their own session; one that fails
+    again stays owed."""
+    with _OWN_LOCK:
+        owed = list(_OWED_RELEASES)
+    for run_id, batch_no in owed:
+        conn.execute(q("release_claim"), {"run_id": run_id, "batch_no": batch_no})
+        with _OWN_LOCK:
+            _OWED_RELEASES.discard((run_id, batch_no))
 
 
 def _lock_users(conn: Connection, users: list[str], should_stop: Callable[[], bool] | None) -> bool:
@@ -138,16 +171,19 @@ def _lock_users(conn: Connection, users: list[str], should_stop: Callable[[], bo
         conn.execute(q("reset_lock_timeout"))
 
 
-def _release(conn: Connection, *statements: tuple[str, dict[str, Any]]) -> None:
+def _release(conn: Connection, *statements: tuple[str, dict[str, Any]]) -> bool:
     """Undo what the session took, and give it back to the pool; if that fails, end the
-    session instead (the server then releases its locks)."""
+    session instead (the server then releases its locks) and return False."""
     try:
         for name, params in statements:
             conn.execute(q(name), params)
         conn.commit()  # a no-op on an autocommit session
     except Exception:
         conn.invalidate()
+        conn.close()
+        return False
     conn.close()
+    return True
 
 
 def _claim(conn: Connection, run_id: UUID) -> Claim | None:
@@ -159,7 +195,8 @@ def _claim(conn: Connection, run_id: UUID) -> Claim | None:
             if lost is not None and lost >= MAX_LOST_CLAIMS:
                 error = (
                     f"the worker stopped inside this batch {lost} times (killed, out of "
-                    "memory?); given up so that the run's other batches get done"
+                    "memory, or the server crashed under it?); given up so that the run's "
+                    "other batches get done"
                 )
                 conn.execute(q("fail_batch"), key | {"error": error, "worker": WORKER_ID})
                 log.error("gc.batch_failed", batch_no=batch_no, error=error)

@@ -208,6 +208,7 @@ def translated_errors() -> Iterator[None]:
         what = "connection failed mid-transaction" if lost else "server refused the transaction"
         failure = DatabaseUnavailable(f"the database {what}: {describe_error(exc)}")
         failure.connection_lost = lost
+        failure.server_restart = getattr(exc.orig, "sqlstate", None) in SERVER_RESTART
         raise failure from None
 
 
@@ -228,12 +229,17 @@ def _is_conflict(error: BaseException | None) -> bool:
     return state.startswith("40") or state == LOCK_NOT_AVAILABLE
 
 
+# the server ended the session for reasons of its own: admin / fast shutdown or
+# pg_terminate_backend, a crash of another backend, a server still starting
+SERVER_RESTART = ("57P01", "57P02", "57P03")
+
+
 def _is_disconnect(error: BaseException | None) -> bool:
     """The connection is gone or the server is going away: no SQLSTATE (the socket), class 08
     (connection exception), 57P01-57P03 (admin / crash shutdown, cannot connect now), 53300
     (too many connections)."""
     state = getattr(error, "sqlstate", None)
-    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03", "53300")
+    return state is None or state.startswith("08") or state in (*SERVER_RESTART, "53300")
 
 
 def _is_statement_failure(error: BaseException | None) -> bool:

@@ -41,6 +41,9 @@ class DatabaseUnavailable(MemoryGCError):
     # False: the server answered, with an error that would come back on a new connection (an
     # application trigger's, a missing data file): not a blip a resumed run gets past
     connection_lost = True
+    # True: the server ended the session itself (shut down or restarted, 57P01; another
+    # backend crashed, 57P02; still starting, 57P03), not something this session did
+    server_restart = False
 
 
 class WriteConflict(DatabaseUnavailable):

@@ -267,6 +267,55 @@ class TestALostDatabaseLeavesTheNightlyRunResumable:
             execute(engine, "SELECT count(*) FROM memories WHERE status = 'active'").scalar() == 3
         )
 
+    @pytest.mark.parametrize("said", [True, False], ids=["server-restart", "unexplained"])
+    def test_restarts_inside_one_batch_do_not_count_as_a_worker_dying_there(
+        self, engine, settings, monkeypatch, said
+    ):
+        """A claim is counted as lost until its worker releases it; three lost claims fail the
+        batch as "killed". A worker whose sessions a server restart ended (57P01) is alive and
+        so is its batch, but it could not release on that session: three restarts inside one
+        batch failed it for good. It now releases on its next session. A session lost with no
+        reason from the server (a crash, which the batch itself may cause) still counts, so a
+        batch that brings the server down each time is given up after three."""
+        import sqlalchemy as sa
+
+        from gc_worker import batch_run
+        from gc_worker.errors import DatabaseUnavailable
+
+        seed(engine, users=1)
+        real, restarts = batch_run._run_batch, []
+
+        def restart(ctx, *args, **kwargs):  # the server ends the worker's sessions in a batch
+            if len(restarts) < 3:
+                restarts.append(1)
+                batch_pid = ctx.conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+                with engine.connect() as conn:
+                    conn.execute(sa.text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                        " AND (:said OR pid <> :batch_pid)"
+                    ), {"said": said, "batch_pid": batch_pid})  # fmt: skip
+                if not said:  # as a crashed backend's session sees its end: no SQLSTATE
+                    raise DatabaseUnavailable("the database connection failed mid-transaction")
+            return real(ctx, *args, **kwargs)
+
+        monkeypatch.setattr(batch_run, "_run_batch", restart)
+        with closing(Daemon(engine, settings, clock=lambda: SLOT + timedelta(minutes=1))) as d:
+            with pytest.raises(DatabaseUnavailable):
+                d.nightly()
+            for _ in range(2):
+                with pytest.raises(DatabaseUnavailable):
+                    d.resume_orphans()
+            if said:
+                d.resume_orphans()
+            else:
+                with pytest.raises(RunFailed, match="stopped inside this batch 3 times"):
+                    d.resume_orphans()
+        (night,) = runs(engine)
+        assert night["status"] == ("completed" if said else "failed"), night["error"]
+        active = execute(engine, "SELECT count(*) FROM memories WHERE status = 'active'")
+        assert active.scalar() == (1 if said else 2)
+
     def test_a_cli_run_that_loses_the_database_is_failed_as_before(
         self, engine, settings, monkeypatch
     ):
