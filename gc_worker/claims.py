@@ -92,7 +92,13 @@ class Claim:
         params = {"run_id": run_id, "batch_no": self.batch.batch_no, "usage": json.dumps(spent)}
         try:
             self.conn.execute(q("note_unapplied_llm"), params)
-        except Exception as exc:  # the session may be what failed: the report then misses them
+            return
+        except Exception:  # the session may be what failed (a server restart): a new one
+            pass
+        try:
+            with self.conn.engine.begin() as fresh:
+                fresh.execute(q("note_unapplied_llm"), params)
+        except Exception as exc:  # the server is still away: the report then misses them
             log.warning("gc.llm_usage_unrecorded", error=describe_error(exc), **spent)
 
 

@@ -35,6 +35,10 @@ from tests.test_compaction import E0, at_similarity
 SETTINGS = Settings.model_validate(
     {"embeddings": {"dim": TEST_DIM}, "user_cap": {"max_memories": 3, "overflow": "summarize"}}
 )
+TERMINATE_OTHERS = """
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
 USER_FREE = "SELECT pg_try_advisory_lock(4242001, hashtext(:user))"
 OPEN_TRANSACTIONS = """
 SELECT count(*) FROM pg_stat_activity
@@ -304,6 +308,41 @@ def test_model_calls_of_a_failed_attempt_are_reported(engine) -> None:
     with engine.connect() as conn:
         spent = build_report(conn, run_id, actions=False)["llm"]
     assert spent["calls"] == sum(model.calls.values()) == 2  # u1 and u2, one batch
+
+
+def test_model_calls_of_an_attempt_a_server_restart_ended_are_reported(engine, monkeypatch) -> None:
+    """The server restarts while the model answers, and is still starting when the batch
+    would commit: the batch's claiming session is gone, so the paid calls could not be noted
+    there (``gc.llm_usage_unrecorded``) and the report missed them. They are noted on a new
+    session."""
+    from gc_worker import batch_run
+    from gc_worker.errors import DatabaseUnavailable
+
+    seed(engine)
+    restarts, real = iter([True]), batch_run._commit_batch
+    starting = iter([True])
+
+    def commit(*args: Any, **kwargs: Any) -> Any:
+        if next(starting, False):
+            raise DatabaseUnavailable("the database system is starting up (57P03)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batch_run, "_commit_batch", commit)
+
+    def restart(_: Any) -> None:
+        if next(restarts, False):
+            execute(engine, TERMINATE_OTHERS)
+
+    first = Watching(restart)
+    request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("importance",))
+    run_id = gc_engine.start_run(engine, SETTINGS, request)
+    with fake_port(engine, SETTINGS, first) as llm, pytest.raises(DatabaseUnavailable):
+        gc_engine.process_run(engine, run_id, SETTINGS, llm=llm)
+    assert sum(first.calls.values()) == 2  # u1 and u2, paid for; nothing written
+    assert execute(engine, "SELECT count(*) FROM gc_actions").scalar() == 0
+    with engine.connect() as conn:  # a one-shot run is failed, its report complete
+        spent = build_report(conn, run_id, actions=False)["llm"]
+    assert spent["calls"] == 2
 
 
 def test_a_stop_while_waiting_for_a_users_lock_gives_the_batch_up(engine) -> None:
