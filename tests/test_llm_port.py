@@ -672,6 +672,31 @@ class TestEmbeddings:
         assert caught.value.reason == "embedding_dim_mismatch"
         assert port.usage()["invalid_answers"] == 1
 
+    @pytest.mark.parametrize(
+        ("vector", "reason"),
+        [([float("inf"), 0.0], "embedding_not_finite"), ([3.5e38, 0.0], "embedding_not_finite"),
+         ([0.0, 0.0], "embedding_zero")],
+        ids=["infinite", "beyond-float4", "zero"],
+    )  # fmt: skip
+    def test_a_vector_the_store_cannot_hold_is_rejected(
+        self, make_port: MakePort, vector: list[float], reason: str
+    ) -> None:
+        """Infinity (JSON `Infinity` parses as a float), a value beyond float4 or a vector of
+        zeros would fail the batch's statement (pgvector, jsonb) or have no direction: an
+        invalid answer, so the caller falls back as for any bad answer. Just inside: 3.3e38."""
+        item = {"object": "embedding", "index": 0, "embedding": vector}
+        body = {"object": "list", "data": [item], "model": "m",
+                "usage": {"prompt_tokens": 1, "total_tokens": 1}}  # fmt: skip
+        reply = httpx2.Response(  # json.dumps writes `Infinity`, as a careless server would
+            200, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        )
+        port, _ = make_port(reply, embedding_dim=2)
+        with pytest.raises(LLMInvalidAnswer) as caught:
+            port.embed(["text"])
+        assert caught.value.reason == reason
+        port, _ = make_port(embeddings_reply([[3.3e38, 0.0]]), embedding_dim=2)
+        assert port.embed(["text"]) == [[3.3e38, 0.0]]
+
     def test_missing_vector_is_rejected(self, make_port: MakePort) -> None:
         """Fewer vectors than texts is an invalid answer."""
         port, _ = make_port(embeddings_reply([[1.0, 0.0]]))

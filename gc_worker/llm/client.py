@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ T = TypeVar("T")
 
 RETRYABLE_STATUS = frozenset({408, 429})
 JITTER_FRACTION = 0.25
+FLOAT4_MAX = 3.4e38  # pgvector stores float4
 
 
 def is_retryable(exc: openai.APIError) -> bool:
@@ -241,4 +243,10 @@ def _checked_vectors(response: Any, expected: int, dim: int | None) -> list[list
         raise LLMInvalidAnswer("embedding_count_mismatch", f"{len(data)} for {expected} texts")
     if dim is not None and any(len(vector) != dim for vector in vectors):
         raise LLMInvalidAnswer("embedding_dim_mismatch", f"expected {dim}")
+    # JSON NaN / Infinity parse as floats; jsonb and pgvector (float4) refuse them, and a zero
+    # vector has no direction: any of these would fail the batch's statement, not the answer
+    if any(not all(math.isfinite(v) and abs(v) < FLOAT4_MAX for v in vec) for vec in vectors):
+        raise LLMInvalidAnswer("embedding_not_finite", "NaN, infinite or beyond float4")
+    if any(not any(vec) for vec in vectors):
+        raise LLMInvalidAnswer("embedding_zero", "a vector of zeros")
     return vectors

@@ -1,0 +1,192 @@
+"""Model answers and outages the LLM jobs must survive without acting wrongly (cases a review
+reproduced; each failed before its fix). The model is faked at the HTTP boundary only
+(MockTransport under the real openai client, the real port, budget and Postgres decision
+cache)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+from uuid import UUID
+
+import httpx2
+import pytest
+
+from gc_worker.config import Settings
+from gc_worker.llm import LLMOptions, open_llm
+from gc_worker.llm_store import PostgresDecisionCache
+from tests.conftest import TEST_DIM
+from tests.store import add, days_ago, get, run, status
+from tests.test_compaction import E0, at_similarity, unit
+from tests.test_llm_port import chat_reply, data_block, embeddings_reply
+
+BASE_URL = "http://llm.test/v1"
+
+
+class Model:
+    """An OpenAI-compatible server: ``answer(kind, payload)`` → the JSON answer (dict), or an
+    httpx2.Response to send as is; embeddings from a fixed vector. Records every request."""
+
+    def __init__(self, answer: Callable[[str, Any], Any]) -> None:
+        self.answer = answer
+        self.requests: list[httpx2.Request] = []
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        self.requests.append(request)
+        body = json.loads(request.content)
+        if request.url.path.endswith("/embeddings"):
+            return embeddings_reply([unit(0.05) for _ in body["input"]])
+        kind = body["response_format"]["json_schema"]["name"]
+        reply = self.answer(kind, data_block(body["messages"][1]["content"]))
+        return reply if isinstance(reply, httpx2.Response) else chat_reply(reply)
+
+    def chat_requests(self) -> int:
+        return sum(r.url.path.endswith("/chat/completions") for r in self.requests)
+
+
+@pytest.fixture
+def make_llm(engine) -> Iterator[Callable[..., Any]]:
+    ports = []
+
+    def make(server: Model, **options: Any) -> Any:
+        values = {"api_key": "test-key", "base_url": BASE_URL, "backoff_base_seconds": 0,
+                  "max_retries": 1, "embedding_dim": TEST_DIM} | options  # fmt: skip
+        http_client = httpx2.Client(transport=httpx2.MockTransport(server))
+        port = open_llm(
+            LLMOptions(**values), http_client=http_client, cache=PostgresDecisionCache(engine)
+        )
+        ports.append(port)
+        return port
+
+    yield make
+    for port in ports:
+        port.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared answers
+# ---------------------------------------------------------------------------------------------
+
+
+def merging_to(text: str) -> Callable[[str, Any], Any]:
+    def answer(kind: str, payload: Any) -> Any:
+        assert kind == "MergeAnswer"
+        return {"is_duplicate_set": True, "member_ids": [m["id"] for m in payload],
+                "merged_text": text, "reason": None}  # fmt: skip
+
+    return answer
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. A non-finite embedding from the model fails the whole batch
+# ---------------------------------------------------------------------------------------------
+
+
+def nan_embeddings(request: httpx2.Request) -> httpx2.Response:
+    """An embeddings answer with a NaN in every vector (JSON `NaN`, which Python's json — and
+    so the openai client — reads as a float); a buggy or hostile server can send it."""
+    texts = json.loads(request.content)["input"]
+    vector = "[" + ",".join(["NaN"] + ["0.5"] * (TEST_DIM - 1)) + "]"
+    data = ",".join(
+        f'{{"object":"embedding","index":{i},"embedding":{vector}}}' for i in range(len(texts))
+    )
+    body = (f'{{"object":"list","data":[{data}],"model":"m",'
+            f'"usage":{{"prompt_tokens":1,"total_tokens":1}}}}')  # fmt: skip
+    return httpx2.Response(200, content=body.encode(), headers={"content-type": "application/json"})
+
+
+class NaNEmbeddingModel(Model):
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        if request.url.path.endswith("/embeddings"):
+            self.requests.append(request)
+            return nan_embeddings(request)
+        return super().__call__(request)
+
+
+class TestABadEmbeddingIsABadAnswer:
+    def test_compaction_falls_back_to_the_centroid_instead_of_failing_the_batch(
+        self, engine, settings, make_llm
+    ):
+        """docs/reliability.md: an LLM "answering garbage" leaves the run complete, errors
+        counted; docs/llm-jobs.md: if the embeddings call fails the merged record gets the
+        members' centroid. A NaN in the embeddings answer passes `_checked_vectors` (count and
+        size only), is written to gc_llm_cache (jsonb refuses `NaN`) / the vector column
+        (pgvector refuses NaN): the whole batch — every user and job in it — fails, night
+        after night while the server answers so. Here a TTL expiry of another user in the
+        same batch is lost with it."""
+        from gc_worker.errors import RunFailed
+
+        add(engine, "u1", "Likes green tea", created_at=days_ago(9), embedding=E0)
+        add(engine, "u1", "Enjoys drinking green tea", created_at=days_ago(2),
+            embedding=at_similarity(0.95))  # fmt: skip
+        expired = add(engine, "u2", "Temporary note", expires_at=days_ago(1))
+        server = NaNEmbeddingModel(merging_to("Enjoys drinking green tea"))
+        try:
+            report = run(engine, settings, jobs=["ttl_expiry", "compaction"],
+                         llm=make_llm(server))  # fmt: skip
+        except RunFailed as exc:
+            pytest.fail(f"one NaN embedding failed the batch: {exc}")
+        assert status(engine, expired) == "deleted"
+        [created] = [x for x in report["actions"] if x["action"] == "create_merged"]
+        assert get(engine, UUID(created["memory_id"]))["metadata"]["embedding_source"] == "centroid"
+
+    def test_user_cap_summary_falls_back_to_the_centroid(self, engine, make_llm):
+        """The same in summarize mode: the summary's NaN embedding fails the batch at insert."""
+        from gc_worker.errors import RunFailed
+
+        settings = Settings.model_validate(
+            {"embeddings": {"dim": TEST_DIM},
+             "user_cap": {"max_memories": 2, "overflow": "summarize"}}
+        )  # fmt: skip
+        for i, text in enumerate(["Plays the piano", "Likes jazz", "Core goal: sail"]):
+            add(engine, "u1", text, importance=1 + 4 * (i == 2), created_at=days_ago(30 - i),
+                embedding=unit(0.1 * i))  # fmt: skip
+        server = NaNEmbeddingModel(lambda kind, p: {"summary": "Plays the piano, likes jazz"})
+        try:
+            report = run(engine, settings, jobs=["user_cap"], llm=make_llm(server))
+        except RunFailed as exc:
+            pytest.fail(f"one NaN embedding failed the batch: {exc}")
+        [created] = [x for x in report["actions"] if x["action"] == "create_merged"]
+        assert get(engine, UUID(created["memory_id"]))["metadata"]["embedding_source"] == "centroid"
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. An expired row (TTL passed, not yet soft-deleted) wins a contradiction
+# ---------------------------------------------------------------------------------------------
+
+
+def contradicts(kind: str, payload: Any) -> Any:
+    assert kind == "ContradictionAnswer"
+    return {"older_id": payload["older"]["id"], "newer_id": payload["newer"]["id"],
+            "verdict": "contradicts", "reason": "moved"}  # fmt: skip
+
+
+class TestAnExpiredRowNeverWins:
+    @pytest.mark.parametrize("basis", ["similar", "slot"])
+    def test_contradiction_does_not_retire_a_fact_for_an_expired_one(
+        self, engine, settings, make_llm, basis
+    ):
+        """A memory whose `expires_at` has passed is no longer current (the `active_memories`
+        view and the read rule drop it) — it only waits for ttl_expiry. contradiction's
+        candidates do not exclude it (compaction's do: `expires_at > :now`), so in a run
+        without ttl_expiry before it (`run --job contradiction`, `[ttl_expiry] enabled =
+        false`) it obsoletes the older, still-current fact: the read path then returns
+        neither of them."""
+        from gc_worker.read_rule import current_memories
+        from tests.store import NOW
+
+        slot = {"slot": "profile.city"} if basis == "slot" else {}
+        older = add(engine, "u1", "Lives in Berlin", created_at=days_ago(300), embedding=E0,
+                    **slot)  # fmt: skip
+        newer = add(engine, "u1", "Lives in Paris", created_at=days_ago(20),
+                    expires_at=days_ago(1), embedding=at_similarity(0.9), **slot)  # fmt: skip
+        report = run(engine, settings, jobs=["contradiction"], llm=make_llm(Model(contradicts)))
+        obsoleted = [a["memory_id"] for a in report["actions"] if a["action"] == "obsolete"]
+        with engine.connect() as conn:
+            current = [str(m["id"]) for m in current_memories(conn, "u1", None, NOW)]
+        assert obsoleted == [], (
+            f"{basis}: the current fact was obsoleted by a row that expired a day ago; "
+            f"current memories now: {current}"
+        )
+        assert status(engine, older) == "active" and str(newer) not in current
