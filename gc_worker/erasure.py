@@ -305,7 +305,7 @@ def scrub(
         "keep_details": list(KEEP_DETAILS),
         "keep_prior": list(PRIOR_FIELDS),
     }
-    dropped = {"ids": ids, "whole_users": list(whole_users)}
+    dropped = {"ids": ids, "owners": list(users), "whole_users": list(whole_users)}
     return {
         "gc_actions": len(conn.execute(q("erasure_scrub_actions"), params).all()),
         "gc_llm_cache": len(conn.execute(q("erasure_drop_llm_cache"), dropped).all()),

@@ -103,16 +103,17 @@ WHERE a.user_id = ANY(:owners)
 RETURNING a.id
 
 -- erasure_drop_llm_cache --
--- Forget cached LLM decisions taken on erased memories, and every one of a forgotten user.
+-- Forget cached LLM decisions taken on erased memories, and every one of a forgotten user; only
+-- ever the erasing users' own.
 DELETE FROM gc_llm_cache
-WHERE memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users)
+WHERE user_id = ANY(:owners) AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users))
 RETURNING key
 
 -- erasure_drop_reviews --
 -- Drop review items that name an erased memory (the question is moot, the content must go),
--- and every one of a forgotten user.
+-- and every one of a forgotten user; only ever the erasing users' own.
 DELETE FROM gc_review_items
-WHERE memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users)
+WHERE user_id = ANY(:owners) AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users))
 RETURNING id
 
 -- erasure_complete_requests --
@@ -160,9 +161,13 @@ WITH RECURSIVE pending AS (
     FROM reach r JOIN memory_lineage l ON l.source_id = r.memory_id
          JOIN memories d ON d.id = l.derived_id AND d.user_id = r.user_id  -- within the user
 ), still_open AS (
-    SELECT DISTINCT r.request_id
+    SELECT r.request_id
     FROM reach r JOIN memories m ON m.id = r.memory_id
     WHERE NOT (m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons))
+    UNION  -- misfiled: the memory is another user's; left pending for the operator
+    SELECT p.id
+    FROM pending p JOIN memories m ON m.id = p.memory_id AND m.user_id <> p.user_id
+    WHERE p.kind = 'memory'
 )
 UPDATE gc_erasure_requests q
 SET status = 'completed', completed_at = :now, run_id = :run_id,
