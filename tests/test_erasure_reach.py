@@ -7,7 +7,10 @@ from datetime import timedelta
 
 import sqlalchemy as sa
 
-from tests.store import NOW, add, execute, run, status
+from gc_worker import erasure
+from gc_worker.verify_erasure import verify
+from tests.store import NOW, add, execute, get, run, status
+from tests.test_erasure_helpers import merge, requests
 
 DAY = timedelta(days=1)
 LATER = NOW + 400 * DAY
@@ -61,3 +64,41 @@ def test_a_misfiled_memory_request_of_a_user_with_rows_completes_and_scrubs_anot
         "u1 reviews": 1,
         "u1 audit scrubbed": 0,
     }
+
+
+def test_a_request_completes_while_a_record_derived_from_a_same_content_twin_is_active(
+    engine, settings
+):
+    """forget A. A' (same normalised text, another row) is erased with it (same_content_as),
+    and so must be M, the record merged from A' (derived_from A'). While the application
+    holds M during the run (skipped, never waited for) M's erasure drifts -- but the request's
+    completion (erasure_complete_requests) follows lineage from A only, not from its twins, so
+    the request completes. From then on nothing plans M's erasure again (no pending request, no
+    tombstone matches M's text): M -- A's fact -- stays active for good, and A' can never be
+    purged (its derived record is not erased)."""
+    a = add(engine, "u1", "Allergic to penicillin")
+    twin = add(engine, "u1", "allergic to penicillin.")
+    b = add(engine, "u1", "Has a penicillin allergy")
+    add(engine, "u1", "Likes jazz")
+    m = merge(engine, "u1", [twin, b], "Allergic to penicillin", [1.0] + [0.0] * 7)
+    execute(
+        engine, "UPDATE memories SET content = 'Penicillin allergy (merged)' WHERE id = :m", m=m
+    )  # (a merged wording: no tombstone of A matches M's text)
+    in_use(engine)
+    erasure.forget(engine, settings, now=NOW + DAY, memory_id=a)
+    with engine.connect() as app:
+        app.execute(sa.text("SELECT 1 FROM memories WHERE id = :m FOR UPDATE"), {"m": m})
+        run(engine, settings, now=NOW + DAY)
+        app.rollback()
+    for day in (2, 5, 9):  # later runs, past the erasure retention
+        run(engine, settings, now=NOW + day * DAY)
+    (req,) = requests(engine)
+    m_row = get(engine, m)
+    assert m_row is None or m_row["status"] == "deleted", (
+        f"request {req['status']} while M, derived from A's twin, is {m_row['status']}: "
+        f"{m_row['content']!r}"
+    )
+    # the next run erased M; past the retention the twin, M and A are purged, the request done
+    assert req["status"] == "completed"
+    assert [get(engine, x) for x in (a, twin, m)] == [None, None, None]
+    assert verify(engine, now=NOW + 9 * DAY, memory_id=a).residues == []

@@ -156,6 +156,11 @@ WITH RECURSIVE pending AS (
     UNION
     SELECT a.request_id, m.id, m.user_id
     FROM audited a JOIN memories m ON m.id = a.id AND m.user_id = a.user_id
+    UNION  -- every row erased for the request (a twin of the same text, a tombstone's match):
+    -- what was made from it goes too
+    SELECT p.id, m.id, m.user_id
+    FROM pending p JOIN gc_erasure_tombstones t ON t.request_id = p.id AND t.user_id = p.user_id
+         JOIN memories m ON m.id = t.memory_id AND m.user_id = t.user_id
     UNION
     SELECT r.request_id, d.id, d.user_id
     FROM reach r JOIN memory_lineage l ON l.source_id = r.memory_id
