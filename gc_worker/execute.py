@@ -136,25 +136,32 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
             or active.get(a.user_id, 0) < a.details.get("user_active", 0)
         }
         | _merges_on_declared_rows(conn, actions)
-        | _about_erased_rows(conn, actions)
+        | _about_changed_rows(conn, actions)
     )
 
 
-def _about_erased_rows(conn: Connection, actions: Sequence[Action]) -> set[int]:
+def _about_changed_rows(conn: Connection, actions: Sequence[Action]) -> set[int]:
     """ids() of reviews and deferred groups (which change no row, so no version drifts them)
-    naming a row erased since planning (purged or not): a stale plan applied after a "forget
-    me" would otherwise queue the erased ids for review again."""
+    naming a row that is gone, erased since planning (purged or not) or now another user's: a
+    stale plan applied after a "forget me" would otherwise queue the erased ids for review
+    again, and a question about two users' rows must never be asked (its resolution would
+    obsolete one user's memory in favour of another's)."""
     named = {
-        id(a): {UUID(str(m)) for m in a.details.get("memory_ids", ())} | {a.memory_id} - {None}
+        id(a): (a.user_id, {UUID(str(m)) for m in a.details.get("memory_ids", ())}
+                | {a.memory_id} - {None})
         for a in actions
         if a.action in (Kind.REVIEW, Kind.DEFERRED)
-    }
-    ids = set().union(*named.values()) if named else set()
+    }  # fmt: skip
+    ids = set().union(*(rows for _, rows in named.values())) if named else set()
     if not ids:
         return set()
     params = {"ids": list(ids), "erasure_reasons": list(ERASURE_REASONS)}
-    erased = set(conn.execute(q("named_rows_erased"), params).scalars())
-    return {key for key, rows in named.items() if rows & erased}
+    state = {row.id: row for row in conn.execute(q("named_rows_state"), params)}
+    return {
+        key
+        for key, (user, rows) in named.items()
+        if any(state[m].erased or state[m].user_id != user for m in rows)
+    }
 
 
 def _hold_purges(

@@ -100,6 +100,12 @@ def resolve_review(
         chosen = keep if keep is not None else obsolete
         if chosen not in item["memory_ids"]:
             raise UsageError(f"memory {chosen} is not part of review {review_id}")
+        moved = sorted(str(m) for m, row in rows.items() if row.user_id != item["user_id"])
+        if moved:  # a resolution would obsolete one user's memory in favour of another's
+            raise UsageError(
+                f"memory {', '.join(moved)} of review {review_id} now belongs to another user "
+                f"than {item['user_id']!r}; close the item with --dismiss"
+            )
         winner, losers = _sides(rows, item["memory_ids"], keep=keep, obsolete=obsolete)
         actions = [_obsolete(rows[loser], winner, review_id) for loser in losers]
         resolution = Resolution(review_id, "keep" if keep is not None else "obsolete")

@@ -152,16 +152,18 @@ def report_of(engine: sa.Engine, run_id: UUID) -> dict[str, Any]:
 
 
 def unexplained_drift(report: dict[str, Any], written: set[UUID]) -> list[dict[str, Any]]:
-    """Drifted actions whose row, and every row of whose group, the application never wrote."""
-    touched_groups = {
-        d["details"].get("group")
-        for d in report["drifted"]
-        if d["memory_id"] and UUID(d["memory_id"]) in written
-    }
+    """Drifted actions whose row, and every row of whose group, the application never wrote
+    (a review or deferred group names its rows in details.memory_ids)."""
+
+    def wrote(d: dict[str, Any]) -> bool:
+        named = [d["memory_id"], *d["details"].get("memory_ids", ())]
+        return any(m and UUID(str(m)) in written for m in named)
+
+    touched_groups = {d["details"].get("group") for d in report["drifted"] if wrote(d)}
     return [
         d
         for d in report["drifted"]
-        if not (d["memory_id"] and UUID(d["memory_id"]) in written)
+        if not wrote(d)
         and (d["details"].get("group") is None or d["details"]["group"] not in touched_groups)
     ]
 

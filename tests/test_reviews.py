@@ -130,6 +130,55 @@ class TestResolve:
         assert resolve_review(engine, review_id, dismiss=True).decision == "dismiss"
 
 
+class TestNoReviewSpansTwoUsers:
+    """A row a review names that moves to another user (the application changes its user_id)
+    must never be obsoleted in favour of the first user's memory (a review a reviewer
+    reproduced: resolving it did exactly that)."""
+
+    @pytest.mark.parametrize("decision", ["keep", "obsolete"])
+    def test_resolving_a_review_whose_row_moved_is_refused(self, engine, settings, decision):
+        said, inferred = seed_conflict(engine)
+        review_id = queue(engine, settings)
+        execute(engine, "UPDATE memories SET user_id = 'u2' WHERE id = :id", id=inferred)
+        before = snapshot(engine)
+        choice = {"keep": said} if decision == "keep" else {"obsolete": inferred}
+        with pytest.raises(UsageError, match=r"now belongs to another user.*--dismiss"):
+            resolve_review(engine, review_id, now=NOW, **choice)
+        assert snapshot(engine) == before
+        assert resolve_review(engine, review_id, dismiss=True, now=NOW).decision == "dismiss"
+
+    def test_a_planned_review_whose_row_moved_is_not_queued_at_apply(self, engine, settings):
+        from gc_worker import engine as gc_engine
+
+        said, inferred = seed_conflict(engine)
+        plan = run(engine, settings, jobs=["contradiction"], dry_run=True)
+        assert [a["action"] for a in plan["actions"]] == ["review"]
+        execute(engine, "UPDATE memories SET user_id = 'u2' WHERE id = :id", id=inferred)
+        applied = report_of(engine, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        with engine.connect() as conn:
+            assert list_reviews(conn) == []
+        assert applied["totals"]["actions"] == 0
+        assert applied["jobs"]["contradiction"]["drifted"] == 1
+        assert status(engine, said) == status(engine, inferred) == "active"
+
+    def test_a_planned_review_of_rows_the_application_deleted_is_not_queued(self, engine, settings):
+        """The application deleted the user's rows (and "forget me" then completed at once,
+        with nothing left to erase): the stale plan's question about them is moot."""
+        from gc_worker import engine as gc_engine
+        from gc_worker import erasure
+        from gc_worker.verify_erasure import verify
+
+        seed_conflict(engine)
+        plan = run(engine, settings, jobs=["contradiction"], dry_run=True)
+        execute(engine, "DELETE FROM memories WHERE user_id = 'u1'")
+        filed, _ = erasure.forget(engine, settings, now=NOW, user_id="u1")
+        assert filed.status == "completed"
+        gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+        with engine.connect() as conn:
+            assert list_reviews(conn) == []
+        assert verify(engine, now=NOW, user_id="u1").residues == []
+
+
 class TestCommandLine:
     def test_list_and_resolve(self, engine, settings, cli_env, capsys):
         """`reviews list` shows the item and its memories; `reviews resolve --keep` applies."""

@@ -153,15 +153,13 @@ WHERE m.id = ANY(:ids) AND EXISTS (
     WHERE r.status = 'pending' AND r.user_id = m.user_id
       AND (r.kind = 'user' OR r.memory_id = m.id))
 
--- named_rows_erased --
--- Of the rows reviews and deferred groups name, those erased since planning, purged or not
--- (a tombstone): a stale plan applied after a "forget me" would queue a question about them
--- again. (A row the application deleted is no erasure: its group is recorded as planned.)
-SELECT t.id FROM unnest(CAST(:ids AS uuid[])) AS t(id)
-WHERE EXISTS (
-        SELECT 1 FROM memories m
-        WHERE m.id = t.id AND m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons))
-   OR EXISTS (SELECT 1 FROM gc_erasure_tombstones g WHERE g.memory_id = t.id)
+-- named_rows_state --
+-- The rows reviews and deferred groups name: their owner now (NULL: gone) and whether they were
+-- erased since planning, purged or not (a tombstone).
+SELECT t.id, m.user_id,
+       coalesce(m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons), false)
+       OR EXISTS (SELECT 1 FROM gc_erasure_tombstones g WHERE g.memory_id = t.id) AS erased
+FROM unnest(CAST(:ids AS uuid[])) AS t(id) LEFT JOIN memories m ON m.id = t.id
 
 -- purge_rows --
 -- Physically delete rows (their lineage goes by ON DELETE CASCADE).
