@@ -186,6 +186,7 @@ def _hold_purges(
     while True:
         held = _purges_with_live_derived(conn, actions, drifted)
         held |= _unspliceable(conn, actions, drifted, splices)
+        held |= _lineage_held(conn, actions, drifted)
         open_requests = {
             r
             for a in actions
@@ -223,6 +224,26 @@ def _unspliceable(
     held = {purges[e.root] for e in edges if not {e.derived_id, e.source_id} <= locked}
     splices[:] = [(e.derived_id, e.source_id) for e in edges if purges[e.root] not in held]
     return held
+
+
+def _lineage_held(conn: Connection, actions: Sequence[Action], drifted: set[int]) -> set[int]:
+    """ids() of the purges (not drifted) a lineage row of which the application holds (its own
+    delete of a record cascading over it): the purge's ON DELETE CASCADE would wait on it, and
+    the application's next delete could deadlock with the worker. The others' rows are locked
+    now."""
+    purges = {
+        a.memory_id: id(a)
+        for a in actions
+        if a.action is Kind.HARD_DELETE and id(a) not in drifted and a.memory_id is not None
+    }
+    if not purges:
+        return set()
+    params = {"ids": list(purges)}
+    edges = set(map(tuple, conn.execute(q("purge_lineage"), params).all()))
+    if not edges:
+        return set()
+    edges -= set(map(tuple, conn.execute(q("lock_purge_lineage"), params).all()))
+    return {purges[end] for edge in edges for end in edge if end in purges}
 
 
 def _purges_of_pending_targets(conn: Connection, actions: Sequence[Action]) -> set[int]:

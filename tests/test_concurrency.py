@@ -438,6 +438,41 @@ class TestTheWorkerNeverWaitsOnTheApp:
         again = run(engine, SETTINGS)
         assert outline(again["actions"]) == outline(planned_u1)
 
+    def test_a_purge_does_not_wait_on_lineage_rows_the_app_holds(self, engine):
+        """The application deletes a merged record (its cascade locks the record's lineage
+        rows) while hard_delete purges the record's members past the history retention: their
+        own cascade would wait on those lineage rows — holding the members, which the
+        application deletes next: a deadlock PostgreSQL ends by killing one side. The purges
+        are held back (drifted) instead, and done by the next run (a review reproduced it)."""
+        from tests.store import add, days_ago, execute, status
+
+        record = add(engine, "u1", "Likes tea (merged)", source="gc_merge")
+        members = [
+            add(engine, "u1", f"Likes tea {i}", status="merged", status_reason="duplicate",
+                status_changed_at=days_ago(400), superseded_by=record, created_at=days_ago(500))
+            for i in range(2)
+        ]  # fmt: skip
+        for m in members:
+            execute(engine, "INSERT INTO memory_lineage VALUES (:d, :s)", d=record, s=m)
+        worker = db.make_engine(  # waiting on a lock would fail the run, not hang the test
+            engine.url.render_as_string(hide_password=False),
+            connect_args={"options": "-c lock_timeout=3000"},
+        )
+        with engine.connect() as app:
+            app.execute(sa.text("DELETE FROM memories WHERE id = :id"), {"id": record})
+            try:
+                report = run(worker, SETTINGS, jobs=["hard_delete"])
+            finally:
+                worker.dispose()
+            assert report["status"] == "completed"
+            assert sorted(UUID(d["memory_id"]) for d in report["drifted"]) == sorted(members)
+            assert [status(engine, m) for m in members] == ["merged", "merged"]
+            app.execute(sa.text("DELETE FROM memories WHERE id = ANY(:ids)"), {"ids": members})
+            app.rollback()  # (the application changed its mind: the members are still there)
+        again = run(engine, SETTINGS, jobs=["hard_delete"])
+        assert sorted(UUID(a["memory_id"]) for a in again["actions"]) == sorted(members)
+        assert [status(engine, m) for m in members] == [None, None]
+
 
 def outline(actions: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
     """(action, memory id) of each action; a created record's id is new every run."""

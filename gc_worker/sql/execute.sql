@@ -141,6 +141,18 @@ WHERE NOT (source_id = ANY(:ids)) AND derived_id <> source_id
 -- waited for, and the purge that needs it is held back (gc_worker.execute).
 SELECT id FROM memories WHERE id = ANY(:ids) FOR KEY SHARE SKIP LOCKED
 
+-- purge_lineage --
+-- The lineage rows a purge of :ids deletes by cascade.
+SELECT derived_id, source_id FROM memory_lineage
+WHERE source_id = ANY(:ids) OR derived_id = ANY(:ids)
+
+-- lock_purge_lineage --
+-- The same rows, locked now; a row an application transaction holds (its own delete of a record
+-- cascading over it) is skipped, never waited for, and the purge is held back.
+SELECT derived_id, source_id FROM memory_lineage
+WHERE source_id = ANY(:ids) OR derived_id = ANY(:ids)
+FOR UPDATE SKIP LOCKED
+
 -- purge_of_pending_targets --
 -- Rows a purge by another job than erasure would delete that a pending erasure request names:
 -- a memory request's target, or any row of a user with a pending user request. Purged first
