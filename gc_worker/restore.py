@@ -180,14 +180,17 @@ def _created_to_retire(conn: Connection, rows: list[Any], in_place: set[UUID]) -
     """The created records (merges, summaries) a restore takes off the read path: those still
     as the run made them (``created_unchanged``) whose every source is active again once the
     rows ``in_place`` are back. The others stay, and with them their group (the merged or
-    folded sources stay retired into them): a record the application edited, pinned or
-    deleted is the user's now, and one whose source was purged or changed since holds what
+    folded sources stay retired into them): a record the application edited (its content,
+    scope, slot, validity, TTL, metadata or importance), moved, pinned or deleted is the
+    user's now, and one whose source was purged or changed since holds what
     that source said; bringing the rest back next to it would put the same facts on the read
     path twice."""
     if not rows:
         return set()
     params = {
         "ids": [r.memory_id for r in rows],
+        "users": [r.user_id for r in rows],
+        "records": [json.dumps(_made(r)) for r in rows],
         "contents": [_made(r).get("content") for r in rows],
         "updated": [_instant(_made(r).get("updated_at")) or r.run_now for r in rows],
     }

@@ -7,7 +7,10 @@ from __future__ import annotations
 from datetime import timedelta
 from uuid import UUID
 
+import pytest
+
 from gc_worker import restore
+from tests.conftest import TEST_DIM
 from tests.store import NOW, add, days_ago, execute, get, run, status
 from tests.test_compaction import E0
 
@@ -77,6 +80,21 @@ class TestStillInPlace:
         assert (status(engine, untouched), status(engine, changed)) == ("active", "deleted")
 
 
+def test_a_row_the_user_deleted_after_the_run_stays_deleted(engine, settings):
+    """The application deletes a memory the worker had already soft-deleted (the user empties
+    it from a "recently removed" list: status stays deleted, deleted_at is stamped): restore
+    --run brought it back and cleared the application's deleted_at (a review reproduced it)."""
+    m = add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
+    report = run(engine, settings, jobs=["ttl_expiry"])
+    user_deleted_at = NOW + timedelta(hours=2)
+    execute(engine, "UPDATE memories SET status = 'deleted', deleted_at = :t WHERE id = :id",
+            t=user_deleted_at, id=m)  # fmt: skip
+    result = restore.restore_run(engine, UUID(report["run_id"]), now=NOW + timedelta(hours=3))
+    row = get(engine, m)
+    assert (row["status"], row["deleted_at"]) == ("deleted", user_deleted_at)
+    assert result.not_restorable == [m]
+
+
 def merged(engine, settings, user: str = "u1") -> tuple[list[UUID], UUID, str]:
     """Two exact duplicates of ``user`` merged by a compaction run: (members, merged record,
     run id)."""
@@ -119,6 +137,42 @@ class TestCreatedRecords:
         assert result.restored == [] and set(result.not_restorable) == {*members, record}
         assert status(engine, record) == "active"
         assert [status(engine, m) for m in members] == ["merged", "merged"]
+
+    @pytest.mark.parametrize(
+        ("column", "edit"),
+        [("importance", "importance = 5, importance_assessed_at = :t"),
+         ("metadata", "metadata = jsonb_build_object('starred', true)"),
+         ("expires_at", "expires_at = :t + interval '30 days'"),
+         ("slot", "slot = 'pets'"),
+         ("user_id", "user_id = 'u2'")],
+    )  # fmt: skip
+    def test_an_edit_of_another_column_keeps_the_record(self, engine, settings, column, edit):
+        """Not only content: the application re-assessing the record's importance, starring
+        it, giving it a TTL, a slot, or moving it to another user makes it the application's.
+        restore used to compare status, pin, content and updated_at only, and retired the
+        edited record (a review reproduced it)."""
+        members, record, run_id = merged(engine, settings)
+        execute(engine, f"UPDATE memories SET {edit} WHERE id = :id",
+                t=NOW + timedelta(days=2), id=record)  # fmt: skip
+        result = restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(days=3))
+        assert status(engine, record) == "active", column
+        assert [status(engine, m) for m in members] == ["merged", "merged"]
+        assert set(result.not_restorable) == {*members, record}
+
+    def test_the_workers_own_importance_score_is_no_edit(self, engine, settings):
+        """An importance the worker's importance job wrote on the record since (the members
+        were never assessed) does not hold the undo back."""
+        from tests.fake_model import FakeModel, fake_port
+
+        members, record, run_id = merged(engine, settings)
+        execute(engine, "UPDATE memories SET importance_assessed_at = NULL WHERE id = :id",
+                id=record)  # fmt: skip
+        with fake_port(engine, settings, FakeModel("good", dim=TEST_DIM)) as llm:
+            scored = run(engine, settings, jobs=["importance"], llm=llm)
+        assert [a["memory_id"] for a in scored["actions"]] == [str(record)]
+        result = restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(days=3))
+        assert set(result.restored) == {*members, record}
+        assert status(engine, record) == "deleted"
 
     def test_an_edit_without_updated_at_still_keeps_the_record(self, engine, settings):
         """A content change the application made without bumping updated_at counts too: the

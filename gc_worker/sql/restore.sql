@@ -45,10 +45,11 @@ WHERE run_id = :run_id AND outcome = 'applied' AND details ->> 'group' = :grp
 
 -- restore_in_place --
 -- Of the rows a run retired, those on which everything the worker wrote is still in place: the
--- status, reason and instant, and the valid_until and superseded_by the action left (its own
--- value where it wrote one, the prior one where it did not; apply_status's coalesce). A row
--- the application changed since keeps the application's write. Locked until the restore
--- commits, so nothing changes between this check and restore_status.
+-- status, reason and instant, and the valid_until, superseded_by and deleted_at the action left
+-- (its own value where it wrote one, the prior one where it did not; apply_status's coalesce).
+-- A row the application changed since keeps the application's write (a user's own delete of
+-- a row the worker had retired stamps deleted_at). Locked until the restore commits, so
+-- nothing changes between this check and restore_status.
 SELECT m.id
 FROM memories m
 JOIN unnest(CAST(:ids AS uuid[]), CAST(:expect_status AS text[]), CAST(:expect_reason AS text[]),
@@ -56,11 +57,14 @@ JOIN unnest(CAST(:ids AS uuid[]), CAST(:expect_status AS text[]), CAST(:expect_r
             CAST(:priors AS jsonb[]))
      AS a(id, expect_status, expect_reason, closed_valid_until, set_superseded, prior)
   ON m.id = a.id
-CROSS JOIN LATERAL jsonb_to_record(a.prior) AS p(superseded_by uuid, valid_until timestamptz)
+CROSS JOIN LATERAL jsonb_to_record(a.prior)
+     AS p(superseded_by uuid, valid_until timestamptz, deleted_at timestamptz)
 WHERE m.status = a.expect_status AND m.status_reason = a.expect_reason
   AND m.status_changed_at = :run_now
   AND m.valid_until IS NOT DISTINCT FROM coalesce(a.closed_valid_until, p.valid_until)
   AND m.superseded_by IS NOT DISTINCT FROM coalesce(a.set_superseded, p.superseded_by)
+  AND m.deleted_at IS NOT DISTINCT FROM
+      CASE WHEN a.expect_status = 'deleted' THEN CAST(:run_now AS timestamptz) ELSE p.deleted_at END
 FOR UPDATE OF m
 
 -- restore_status --
@@ -93,17 +97,30 @@ SELECT id FROM memories WHERE id = ANY(:ids) AND status = 'active' FOR SHARE
 
 -- created_unchanged --
 -- Of the records a run created (merges, summaries), those still as the run made them: active,
--- not pinned, the same content and updated_at (the application sets updated_at when it edits a
--- memory, the worker never does; the content is compared too, for writers that do not). A
--- record the application edited, pinned or retired since is its own. Locked until the restore
--- commits.
+-- not pinned, the same user, content and updated_at (the application sets updated_at when it
+-- edits a memory, the worker never does; the content is compared too, for writers that do
+-- not), and the columns the run gave it that only the application changes afterwards: scope,
+-- slot, validity, TTL, metadata, importance (unless the worker's own importance job wrote it).
+-- A record the application edited, pinned, moved or retired since is its own. Locked until
+-- the restore commits.
 SELECT m.id
 FROM memories m
-JOIN unnest(CAST(:ids AS uuid[]), CAST(:contents AS text[]), CAST(:updated AS timestamptz[]))
-     AS a(id, content, updated_at)
+JOIN unnest(CAST(:ids AS uuid[]), CAST(:users AS text[]), CAST(:records AS jsonb[]),
+            CAST(:contents AS text[]), CAST(:updated AS timestamptz[]))
+     AS a(id, user_id, record, content, updated_at)
   ON m.id = a.id
-WHERE m.status = 'active' AND NOT m.pinned
+CROSS JOIN LATERAL jsonb_populate_record(NULL::memories, a.record) AS r
+WHERE m.status = 'active' AND NOT m.pinned AND m.user_id = a.user_id
   AND m.content = a.content AND m.updated_at = a.updated_at
+  AND m.scope IS NOT DISTINCT FROM r.scope AND m.slot IS NOT DISTINCT FROM r.slot
+  AND m.valid_from IS NOT DISTINCT FROM r.valid_from
+  AND m.valid_until IS NOT DISTINCT FROM r.valid_until
+  AND m.expires_at IS NOT DISTINCT FROM r.expires_at
+  AND m.metadata = coalesce(r.metadata, CAST('{}' AS jsonb))
+  AND (m.importance = coalesce(r.importance, 3)
+       OR EXISTS (SELECT 1 FROM gc_actions g
+                  WHERE g.memory_id = m.id AND g.action = 'set_importance'
+                    AND g.outcome = 'applied' AND g.details ->> 'importance' = m.importance::text))
 FOR UPDATE OF m
 
 -- retire_created --
