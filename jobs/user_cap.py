@@ -254,12 +254,16 @@ def summary_embedding(
     return centroid_embedding(vectors), "centroid"
 
 
-def plan_overflow(ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any]) -> list[Action]:
-    """One over-cap user's actions in summarize mode."""
+def plan_overflow(
+    ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any], stop: str | None = None
+) -> tuple[list[Action], str | None]:
+    """One over-cap user's actions in summarize mode, and why the model is not to be asked
+    again in this batch (unavailable after its retries, budget spent), if so; ``stop``: such a
+    reason from an earlier user — no retry storm against a server that is down."""
     if not overflow.fold:
-        return evictions(overflow.evict)
-    if ctx.llm is None:
-        return declined(ctx, overflow, UNAVAILABLE)
+        return evictions(overflow.evict), stop
+    if ctx.llm is None or stop is not None:
+        return declined(ctx, overflow, stop or UNAVAILABLE), stop
     members = [(row.id, full[row.id].content) for row in overflow.fold]
     ctx.stop_if_asked()
     try:
@@ -269,13 +273,14 @@ def plan_overflow(ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any
             overflow.user_id, members, vet=lambda s: unsupported_reason(s, folded, "summary")
         )
     except LLMError as exc:
-        return declined(ctx, overflow, failure_reason(ctx, exc))
+        reason = failure_reason(ctx, exc)
+        return declined(ctx, overflow, reason), None if reason == INVALID else reason
     embedding, source = summary_embedding(ctx, text, overflow.fold, full)
     record = summary_record(
         overflow.fold, full, text=text, embedding=embedding, embedding_source=source,
         importance=ctx.importance, now_iso=ctx.now.isoformat(),
     )  # fmt: skip
-    return summary_actions(overflow, record)
+    return summary_actions(overflow, record), None
 
 
 WORK = "work_user_cap"  # gc_worker.triage: which users have work (sql/triage.sql)
@@ -323,7 +328,12 @@ def plan_summaries(
     ]  # fmt: skip
     fold_ids = [row.id for overflow in overflows for row in overflow.fold]
     full = {row.id: row for row in ctx.conn.execute(q("user_cap_fold_rows"), {"ids": fold_ids})}
-    return [action for overflow in overflows for action in plan_overflow(ctx, overflow, full)]
+    actions: list[Action] = []
+    stop: str | None = None
+    for overflow in overflows:
+        planned, stop = plan_overflow(ctx, overflow, full, stop)
+        actions += planned
+    return actions
 
 
 def plan(ctx: BatchContext) -> list[Action]:

@@ -19,7 +19,7 @@ from gc_worker.llm_store import PostgresDecisionCache
 from tests.conftest import TEST_DIM
 from tests.store import add, days_ago, get, run, status
 from tests.test_compaction import E0, at_similarity, unit
-from tests.test_llm_port import chat_reply, data_block, embeddings_reply
+from tests.test_llm_port import chat_reply, data_block, embeddings_reply, error_reply
 
 BASE_URL = "http://llm.test/v1"
 
@@ -190,3 +190,37 @@ class TestAnExpiredRowNeverWins:
             f"current memories now: {current}"
         )
         assert status(engine, older) == "active" and str(newer) not in current
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. user_cap (summarize) keeps asking a model that is down, user after user
+# ---------------------------------------------------------------------------------------------
+
+
+class TestUserCapStopsAskingAModelThatIsDown:
+    def test_after_an_outage_the_rest_of_the_batch_is_deferred_without_a_request(
+        self, engine, make_llm
+    ):
+        """Every other LLM job stops asking for the rest of the batch once the server did not
+        answer after its retries (importance, contradiction, compaction: "no retry storm
+        against a server that is down"; docs/reliability.md: "LLM down | at most 1 +
+        max_retries requests per question, then the rest of the batch deferred"). user_cap in
+        summarize mode asks again — with the full retry/backoff sequence (up to 30 s a wait) —
+        for every over-cap user of the batch (500 by default)."""
+        settings = Settings.model_validate(
+            {"embeddings": {"dim": TEST_DIM},
+             "user_cap": {"max_memories": 1, "overflow": "summarize"}}
+        )  # fmt: skip
+        users = ["u1", "u2", "u3", "u4"]
+        for user in users:
+            for i in range(3):
+                add(engine, user, f"{user} memory {'abc'[i]}", created_at=days_ago(10 - i))
+        server = Model(lambda kind, payload: error_reply(503))
+        report = run(engine, settings, jobs=["user_cap"], llm=make_llm(server, max_retries=1))
+        deferred = [a for a in report["actions"] if a["action"] == "deferred"]
+        assert sorted(a["user_id"] for a in deferred) == users
+        assert all(a["reason"] == "llm_unavailable" for a in deferred)
+        assert server.chat_requests() <= 2, (
+            f"{server.chat_requests()} requests to a server that is down "
+            f"({len(users)} over-cap users x (1 + max_retries))"
+        )
