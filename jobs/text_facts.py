@@ -246,8 +246,11 @@ def near_miss_reasons(text_a: str, text_b: str) -> list[str]:
 
 def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
     """Reason codes why ``text`` (a model's merge of ``sources``) cannot stand for them: it
-    adds or drops a number, a date or a name the sources state, or says "not" where none of
-    them does (or the reverse). [] = every such fact is carried over, none invented."""
+    adds or drops a number, a date or a name the sources state, says "not" where none of them
+    does (or the reverse), reverses a direction one of them states ("from New York to
+    Florida" → "from Florida to New York"), or uses the opposite of a word they use ("likes"
+    → "dislikes", "morning" → "evening"). [] = every such fact is carried over, none
+    invented or inverted."""
     source_words = set().union(*(_words(s) for s in sources))
     text_words = set(_words(text))
     stated_names = set().union(*(_inner_names(s) for s in sources))
@@ -256,8 +259,22 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
         ("date", set(_dates(text)) != set().union(*(_dates(s) for s in sources))),
         ("negation", (_negation_count(text) > 0) != any(_negation_count(s) for s in sources)),
         ("name", bool(_inner_names(text) - source_words or stated_names - text_words)),
+        ("direction", any(_direction_differs(text, s) for s in sources)),
+        ("antonym", _antonym_added(text_words, source_words)),
     )
     return [code for code, differs in checks if differs]
+
+
+def _antonym_added(text_words: set[str], source_words: set[str]) -> bool:
+    """The text uses a word of an antonym group whose family the sources, which use that group,
+    do not use ("Likes spicy food" → "Dislikes spicy food"). A group the sources never use is
+    not checked: a paraphrase may bring its own words ("Enjoys" for "Likes")."""
+    for group in _ANTONYM_GROUPS:
+        used_text = {i for i, family in enumerate(group) if family & text_words}
+        used_sources = {i for i, family in enumerate(group) if family & source_words}
+        if used_sources and used_text - used_sources:
+            return True
+    return False
 
 
 def unsupported_reason(text: str, sources: Sequence[str], what: str) -> str | None:

@@ -224,3 +224,67 @@ class TestUserCapStopsAskingAModelThatIsDown:
             f"{server.chat_requests()} requests to a server that is down "
             f"({len(users)} over-cap users x (1 + max_retries))"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. A merged text (or summary) that flips a direction or an antonym passes the fact check
+# ---------------------------------------------------------------------------------------------
+
+
+class TestMergedTextMayNotInvertAFact:
+    @pytest.mark.parametrize(
+        ("first", "second", "inverted"),
+        [
+            pytest.param("Books flights from New York to Florida",
+                         "Usually books flights from New York to Florida",
+                         "Books flights from Florida to New York", id="direction"),
+            pytest.param("Prefers morning meetings", "Really prefers morning meetings",
+                         "Prefers evening meetings", id="antonym-time"),
+            pytest.param("Likes spicy food", "Really likes spicy food",
+                         "Dislikes spicy food", id="antonym-verb"),
+        ],
+    )  # fmt: skip
+    def test_compaction_rejects_a_merge_that_inverts_the_members(
+        self, engine, settings, make_llm, first, second, inverted
+    ):
+        """Members agree; the model's merged text states the opposite (a flipped direction or
+        an antonym — exactly the near misses compaction never merges between members). Such an
+        answer must be rejected (docs/llm-jobs.md: "a wrong ... model answer changes
+        nothing"); today it passes `unsupported_facts` (which checks only numbers, dates,
+        names and negations), the members are retired as `merged` and the store's one current
+        statement of the fact is its opposite."""
+        a = add(engine, "u1", first, created_at=days_ago(9), embedding=E0)
+        b = add(engine, "u1", second, created_at=days_ago(2), embedding=at_similarity(0.95))
+        server = Model(merging_to(inverted))
+        report = run(engine, settings, jobs=["compaction"], llm=make_llm(server))
+        assert server.chat_requests() == 1  # the model was asked (not a near miss, not exact)
+        created = [x for x in report["actions"] if x["action"] == "create_merged"]
+        merged_texts = [get(engine, UUID(c["memory_id"]))["content"] for c in created]
+        assert merged_texts == [], f"members merged into their opposite: {merged_texts}"
+        assert status(engine, a) == status(engine, b) == "active"
+        assert report["jobs"]["compaction"]["errors"] == 1
+
+    def test_user_cap_rejects_a_summary_that_inverts_the_folded_rows(self, engine, make_llm):
+        """The same gap in summarize mode: the summary is all that stays of the folded rows once
+        they are purged, yet a summary stating their opposite is accepted."""
+        settings = Settings.model_validate(
+            {"embeddings": {"dim": TEST_DIM},
+             "user_cap": {"max_memories": 2, "overflow": "summarize"}}
+        )  # fmt: skip
+        folded = [
+            add(engine, "u1", "Prefers morning meetings", importance=1, created_at=days_ago(30)),
+            add(engine, "u1", "Likes spicy food", importance=1, created_at=days_ago(29)),
+        ]
+        add(engine, "u1", "Core goal: learn to sail", importance=5, created_at=days_ago(1))
+
+        def answer(kind: str, payload: Any) -> Any:
+            assert kind == "SummaryAnswer"
+            return {"summary": "Prefers evening meetings and dislikes spicy food"}
+
+        server = Model(answer)
+        report = run(engine, settings, jobs=["user_cap"], llm=make_llm(server))
+        assert server.chat_requests() == 1
+        summaries = [x for x in report["actions"] if x["action"] == "create_merged"]
+        texts = [get(engine, UUID(s["memory_id"]))["content"] for s in summaries]
+        assert texts == [], f"rows folded into their opposite: {texts}"
+        assert [status(engine, m) for m in folded] == ["active", "active"]

@@ -373,6 +373,15 @@ class TestFactChecks:
             ("Manager: Bob", ["Manager: Alice", "manager: Alice"], ["name"]),
             ("Dentist is Dr. Jones", ["Dentist is Dr. Smith"], ["name"]),
             ("Travels to Lisbon for work", ["Travels to Lisbon for work", "Often travels"], []),
+            ("Books flights from Florida to New York",
+             ["Books flights from New York to Florida"], ["direction"]),
+            ("Books flights from New York to Florida",
+             ["Usually books flights from New York to Florida"], []),
+            ("Prefers evening meetings", ["Prefers morning meetings"], ["antonym"]),
+            ("Dislikes spicy food", ["Likes spicy food", "Really likes spicy food"], ["antonym"]),
+            ("Avoids coffee", ["Prefers coffee"], ["antonym"]),
+            ("Enjoys drinking green tea", ["Likes green tea"], []),  # a group it does not use
+            ("Likes tea and dislikes coffee", ["Likes tea", "Dislikes coffee"], []),
         ],
     )  # fmt: skip
     def test_unsupported_facts(self, text: str, sources: list[str], expected: list[str]):
