@@ -278,8 +278,14 @@ def process_run(
     could take minutes). ``participate=False``: the caller already holds the run's
     participation lock (the daemon); helper threads take their own.
     """
-    if llm is not None:
-        llm.begin_run()
+    if llm is not None:  # the budget is the run's: a resumed run has what is left of it
+        from gc_worker.report import llm_totals
+
+        with translated_errors(), engine.connect() as conn:
+            spent = llm_totals(conn, run_id)
+        llm.begin_run(
+            spent_calls=spent["calls"], spent_tokens=spent["input_tokens"] + spent["output_tokens"]
+        )
     workers = settings.run.workers if workers is None else workers
     helpers = _helpers_wanted(engine, run_id, workers)
     # set when the caller is interrupted (Ctrl-C, SIGTERM) while a helper completes the run: the

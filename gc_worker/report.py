@@ -73,7 +73,7 @@ def build_report(
         "per_user": _per_user(users),
         "actions": listed,
         "drifted": drifted,
-        "llm": _llm_totals(conn, run),
+        "llm": llm_totals(conn, run["id"]),
         # a run over every user refreshes decay scores after its batches (gc_worker.score_pass):
         # due (not finished yet), done, or stopped early (the rest is the next run's)
         "score_pass": (
@@ -163,11 +163,11 @@ def _per_user(users: dict[str, Counter]) -> dict[str, dict[str, Any]]:
     }
 
 
-def _llm_totals(conn: Connection, run: dict[str, Any]) -> dict[str, int]:
+def llm_totals(conn: Connection, run_id: UUID) -> dict[str, int]:
     """What the run's batches spent on the model: what they applied, and what attempts that
     wrote nothing (a stop, a failure, a batch another worker finished) paid for all the same."""
     totals = Counter({key: 0 for key in LLM_KEYS})
-    for applied, unapplied in conn.execute(q("run_llm_usage"), {"run_id": run["id"]}):
+    for applied, unapplied in conn.execute(q("run_llm_usage"), {"run_id": run_id}):
         for usage in [applied or {}, *(unapplied or [])]:
             totals.update(usage)
     return dict(totals)

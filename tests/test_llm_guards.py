@@ -288,3 +288,55 @@ class TestMergedTextMayNotInvertAFact:
         texts = [get(engine, UUID(s["memory_id"]))["content"] for s in summaries]
         assert texts == [], f"rows folded into their opposite: {texts}"
         assert [status(engine, m) for m in folded] == ["active", "active"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. A resumed run gets a fresh model budget: llm.max_calls_per_run is not the run's
+# ---------------------------------------------------------------------------------------------
+
+
+def scores_all(kind: str, payload: Any) -> Any:
+    assert kind == "ImportanceAnswer"
+    return {"scores": [{"index": item["index"], "score": 4} for item in payload]}
+
+
+class TestTheBudgetIsTheRuns:
+    def test_a_resumed_run_does_not_get_a_second_budget(self, engine, make_llm):
+        """`llm.max_calls_per_run = 1`, two one-user batches that each need one call. The run
+        is stopped after its first batch (SIGTERM / a deploy: the run stays `running`,
+        resumable) and then completed — by the same process and port here; a restarted daemon
+        resumes nightly runs the same way. `process_run` calls `llm.begin_run()` on every entry,
+        so the resumed part gets a fresh budget and the run spends 2 calls: the limit is per
+        process entry, not per run (a crash-looping worker spends a whole budget per restart,
+        on the same run)."""
+        from gc_worker import engine as gc_engine
+        from gc_worker.report import build_report
+        from tests.store import NOW
+
+        settings = Settings.model_validate(
+            {"embeddings": {"dim": TEST_DIM}, "run": {"batch_users": 1, "workers": 1},
+             "llm": {"max_calls_per_run": 1}}
+        )  # fmt: skip
+        for user in ("u1", "u2"):
+            add(engine, user, f"{user} plays the piano")
+        server = Model(scores_all)
+        llm = make_llm(server, max_calls_per_run=settings.llm.max_calls_per_run)
+        request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("importance",))
+        run_id = gc_engine.start_run(engine, settings, request)
+        done = [0]
+
+        def one_batch(n: int) -> None:
+            done[0] += n
+
+        completed = gc_engine.process_run(
+            engine, run_id, settings, llm=llm, on_batch=one_batch, should_stop=lambda: done[0] >= 1
+        )
+        assert completed is False and done[0] == 1 and server.chat_requests() == 1
+        assert gc_engine.process_run(engine, run_id, settings, llm=llm) is True
+        with engine.connect() as conn:
+            report = build_report(conn, run_id)
+        assert server.chat_requests() <= 1, (
+            f"the run made {server.chat_requests()} model calls with max_calls_per_run = 1 "
+            f"(report llm.calls = {report['llm']['calls']})"
+        )
+        assert report["totals"]["by_action"].get("deferred") == 1

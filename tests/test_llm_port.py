@@ -585,6 +585,20 @@ class TestBudget:
         budget = port.begin_run()
         assert budget.calls == 0 and budget.max_calls == 1
 
+    @pytest.mark.parametrize(
+        ("calls", "tokens", "spent_calls", "spent_tokens", "left"),
+        [(5, 100, 2, 30, (3, 70)), (5, 100, 7, 130, (0, 0)), (None, None, 9, 9, (None, None))],
+        ids=["some-left", "overspent", "unlimited"],
+    )  # fmt: skip
+    def test_a_resumed_run_has_what_is_left_of_its_budget(
+        self, make_port: MakePort, calls, tokens, spent_calls, spent_tokens, left
+    ) -> None:
+        """What the run's earlier workers spent comes off its limits, never below zero."""
+        port, _ = make_port(max_calls_per_run=calls, max_tokens_per_run=tokens)
+        budget = port.begin_run(spent_calls=spent_calls, spent_tokens=spent_tokens)
+        assert (budget.max_calls, budget.max_tokens) == left
+        assert budget.calls == 0
+
     def test_report_keys(self) -> None:
         """The counters start with the report's llm section keys."""
         keys = list(LLMBudget().as_report())

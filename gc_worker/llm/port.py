@@ -61,9 +61,10 @@ class LLMPort:
     def budget(self) -> LLMBudget:
         return self._budget
 
-    def begin_run(self) -> LLMBudget:
-        """Start a new run's budget and counters."""
-        self._budget = self._new_budget()
+    def begin_run(self, *, spent_calls: int = 0, spent_tokens: int = 0) -> LLMBudget:
+        """Start a run's budget and counters; a run taken up again (stopped, resumed) has only
+        what its earlier workers left of its limits (``spent_*``: what they used)."""
+        self._budget = self._new_budget(spent_calls, spent_tokens)
         return self._budget
 
     def usage(self, *, this_thread: bool = False) -> dict[str, int]:
@@ -168,8 +169,12 @@ class LLMPort:
             detail=exc.detail,
         )
 
-    def _new_budget(self) -> LLMBudget:
-        return LLMBudget(self.options.max_calls_per_run, self.options.max_tokens_per_run)
+    def _new_budget(self, spent_calls: int = 0, spent_tokens: int = 0) -> LLMBudget:
+        calls, tokens = self.options.max_calls_per_run, self.options.max_tokens_per_run
+        return LLMBudget(
+            None if calls is None else max(0, calls - spent_calls),
+            None if tokens is None else max(0, tokens - spent_tokens),
+        )
 
 
 def _revalidate(model: type[BaseModel], value: dict) -> BaseModel:
