@@ -120,13 +120,15 @@ def _take_audited(
     by_id: Mapping[UUID, Any],
     key: str,
 ) -> None:
-    """A requested memory the application deleted itself took its lineage with it: the records
-    the worker made from it (``key`` derived_from), and the rows it made it from if the worker
-    made it (source_of), found in the audit instead, are erased with it (and what was derived
-    from them follows through lineage, in ``_propagate``)."""
+    """A record the application deleted itself took its lineage with it — the requested memory,
+    or a record between it and what was made of it (A, B merged into M, M summarised into S, M
+    deleted): the records the worker made from the requested memory (``key`` derived_from),
+    and the rows it made it from if the worker made it (source_of), found in the audit through
+    such records, are erased with it (and what was derived from them follows through lineage,
+    in ``_propagate``)."""
     asked: dict[UUID, list[Request]] = defaultdict(list)
     for request in requests:
-        if request.kind == "memory" and request.memory_id not in by_id:
+        if request.kind == "memory":
             asked[request.memory_id].append(request)
     for target_id, derived_id in audited:
         row = by_id.get(derived_id)
@@ -306,15 +308,16 @@ def plan(ctx: BatchContext) -> list[Action]:
     rows = ctx.conn.execute(q("erasure_rows"), params).all()
     lineage = [tuple(edge) for edge in ctx.conn.execute(q("erasure_lineage"), params)]
     tombstones = [tuple(t) for t in ctx.conn.execute(q("erasure_tombstones"), params)]
-    stored = {row.id for row in rows}
-    gone = [r for r in requests if r.kind == "memory" and r.memory_id not in stored]
-    derived_of_gone: list[tuple[UUID, UUID]] = []  # deleted by the application: their lineage
-    sources_of_gone: list[tuple[UUID, UUID]] = []  # went with them; the audit still names it
-    if gone:
-        found = {"targets": [r.memory_id for r in gone], "owners": [r.user_id for r in gone]}
-        derived_of_gone = [tuple(e) for e in ctx.conn.execute(q("erasure_audited_derived"), found)]
-        sources_of_gone = [tuple(e) for e in ctx.conn.execute(q("erasure_audited_sources"), found)]
-    actions = plan_erasure(requests, rows, lineage, tombstones, derived_of_gone, sources_of_gone)
+    # a record the application deleted (the requested memory, or one between it and a summary
+    # made of its merge) took its lineage with it; the audit still names what was made of what
+    asked = [r for r in requests if r.kind == "memory"]
+    audited: list[tuple[UUID, UUID]] = []
+    audited_sources: list[tuple[UUID, UUID]] = []
+    if asked:
+        found = {"targets": [r.memory_id for r in asked], "owners": [r.user_id for r in asked]}
+        audited = [tuple(e) for e in ctx.conn.execute(q("erasure_audited_derived"), found)]
+        audited_sources = [tuple(e) for e in ctx.conn.execute(q("erasure_audited_sources"), found)]
+    actions = plan_erasure(requests, rows, lineage, tombstones, audited, audited_sources)
     # reactivated rows are out of play for the later jobs of this batch (they change on apply)
     ctx.taken.update(a.memory_id for a in actions if a.action is Kind.RESTORE)
     return actions

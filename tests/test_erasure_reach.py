@@ -102,3 +102,68 @@ def test_a_request_completes_while_a_record_derived_from_a_same_content_twin_is_
     assert req["status"] == "completed"
     assert [get(engine, x) for x in (a, twin, m)] == [None, None, None]
     assert verify(engine, now=NOW + 9 * DAY, memory_id=a).residues == []
+
+
+def test_intermediate_record_deleted_by_the_application_hides_the_summary(engine, settings):
+    """A, B merged into M; M, C summarised into S (lineage S <- M <- A). The application then
+    deletes M itself (e.g. its own cleanup of inactive rows): ON DELETE CASCADE drops S <- M and
+    M <- A. forget A completes with S -- which states A's fact -- still active, its audit row
+    keeping the summary text, and verify-erasure reports clean. The worker's audit still names
+    the chain (create_merged S sources [M, C], create_merged M sources [A, B])."""
+    a = add(engine, "u1", "Allergic to penicillin since 2019")
+    b = add(engine, "u1", "Has a penicillin allergy")
+    c = add(engine, "u1", "Takes antihistamines in spring")
+    add(engine, "u1", "Likes jazz")
+    m = merge(engine, "u1", [a, b], "Allergic to penicillin (since 2019)", [1.0] + [0.0] * 7)
+    s = merge(
+        engine,
+        "u1",
+        [m, c],
+        "Penicillin allergy since 2019; antihistamines in spring",
+        [0.0, 1.0] + [0.0] * 6,
+    )
+    in_use(engine)
+    execute(engine, "DELETE FROM memories WHERE id = :m", m=m)  # the application's own delete
+
+    erasure.forget(engine, settings, now=NOW + DAY, memory_id=a)
+    run(engine, settings, now=NOW + DAY)
+    run(engine, settings, now=NOW + 3 * DAY)  # past [erasure] retention_days: A is purged
+    (req,) = requests(engine)
+    assert req["status"] == "completed" and get(engine, a) is None
+    assert verify(engine, now=NOW + 3 * DAY, memory_id=a).residues == []  # "clean"
+    s_row = get(engine, s)
+    audit_text = execute(
+        engine,
+        "SELECT details -> 'record' ->> 'content' FROM gc_actions"
+        " WHERE memory_id = :s AND action = 'create_merged'",
+        s=s,
+    ).scalar()
+    assert s_row is None or (s_row["status"], s_row["status_reason"]) == ("deleted", "erasure"), (
+        f"request completed and verified clean, yet summary S (made from A's merge) is "
+        f"{s_row['status']}: {s_row['content']!r}"
+    )
+    assert audit_text is None  # erased with A, then purged: its text scrubbed from the audit
+
+
+def test_forgetting_a_summary_reaches_rows_behind_a_record_the_application_deleted(
+    engine, settings
+):
+    """Downward, the same: forget S (made of M and C; M of A and B, M deleted by the
+    application) erases what S states — C through lineage, A and B through the audit."""
+    a = add(engine, "u1", "Allergic to penicillin since 2019")
+    b = add(engine, "u1", "Has a penicillin allergy")
+    c = add(engine, "u1", "Takes antihistamines in spring")
+    keep = add(engine, "u1", "Likes jazz")
+    m = merge(engine, "u1", [a, b], "Allergic to penicillin (since 2019)", [1.0] + [0.0] * 7)
+    s = merge(engine, "u1", [m, c], "Penicillin allergy since 2019; antihistamines in spring",
+              [0.0, 1.0] + [0.0] * 6)  # fmt: skip
+    in_use(engine)
+    execute(engine, "DELETE FROM memories WHERE id = :m", m=m)  # the application's own delete
+
+    erasure.forget(engine, settings, now=NOW + DAY, memory_id=s)
+    run(engine, settings, now=NOW + DAY)
+    erased = [(get(engine, x)["status"], get(engine, x)["status_reason"]) for x in (a, b, c, s)]
+    assert erased == [("deleted", "erasure")] * 4
+    assert status(engine, keep) == "active"
+    (req,) = requests(engine)
+    assert req["status"] == "completed"

@@ -27,10 +27,11 @@ FROM memory_lineage l JOIN memories m ON m.id = l.source_id
 WHERE m.user_id = ANY(:scope)
 
 -- erasure_audited_derived --
--- For requested memories no longer in memories (the application deleted them, and their lineage
--- went with them): the records the worker made from them, found in its audit (create_merged
--- details.sources, which every scrub keeps; GIN-indexed, migration 0009), transitively through
--- records also gone, within the user. (target_id, derived_id).
+-- For requested memories: the records the worker made from them, found in its audit
+-- (create_merged details.sources, which every scrub keeps; GIN-indexed, migration 0009),
+-- transitively, within the user — also through records the application deleted, whose lineage
+-- went with them (the requested memory itself, or a record between it and a summary made of
+-- its merge). (target_id, derived_id).
 WITH RECURSIVE d (target_id, user_id, id) AS (
     SELECT t.target_id, t.user_id, t.target_id
     FROM unnest(CAST(:targets AS uuid[]), CAST(:owners AS text[])) AS t(target_id, user_id)
@@ -43,9 +44,9 @@ WITH RECURSIVE d (target_id, user_id, id) AS (
 SELECT target_id, id AS derived_id FROM d WHERE id <> target_id
 
 -- erasure_audited_sources --
--- For requested memories no longer in memories that the worker made (a merged record, a
--- summary): the rows it made them from, in its audit (the create_merged row of the record,
--- details.sources), transitively, within the user. (target_id, source_id).
+-- For requested memories the worker made (a merged record, a summary): the rows it made them
+-- from, in its audit (the create_merged row of the record, details.sources), transitively,
+-- within the user — also through records the application deleted. (target_id, source_id).
 WITH RECURSIVE s (target_id, user_id, id) AS (
     SELECT t.target_id, t.user_id, t.target_id
     FROM unnest(CAST(:targets AS uuid[]), CAST(:owners AS text[])) AS t(target_id, user_id)
@@ -123,17 +124,15 @@ RETURNING id
 WITH RECURSIVE pending AS (
     SELECT id, kind, user_id, memory_id FROM gc_erasure_requests
     WHERE status = 'pending' AND user_id = ANY(:users)
-), audited (request_id, user_id, id) AS (  -- a requested memory gone: erasure_audited_derived
-    SELECT p.id, p.user_id, p.memory_id FROM pending p
-    WHERE p.kind = 'memory' AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = p.memory_id)
+), audited (request_id, user_id, id) AS (  -- erasure_audited_derived
+    SELECT p.id, p.user_id, p.memory_id FROM pending p WHERE p.kind = 'memory'
     UNION
     SELECT d.request_id, d.user_id, a.memory_id
     FROM audited d JOIN gc_actions a
       ON a.action = 'create_merged' AND a.outcome IN ('applied', 'restored')
      AND a.details -> 'sources' ? CAST(d.id AS text) AND a.user_id = d.user_id
 ), audited_sources (request_id, user_id, id) AS (  -- erasure_audited_sources
-    SELECT p.id, p.user_id, p.memory_id FROM pending p
-    WHERE p.kind = 'memory' AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = p.memory_id)
+    SELECT p.id, p.user_id, p.memory_id FROM pending p WHERE p.kind = 'memory'
     UNION
     SELECT d.request_id, d.user_id, CAST(src.value AS uuid)
     FROM audited_sources d JOIN gc_actions a
