@@ -213,7 +213,16 @@ def finish_batch(ctx: BatchContext, applied: Sequence[Action], *, run_id: UUID) 
     completed = _complete(ctx, mine, run_id)
     erased |= {row.memory_id for row in completed if row.memory_id is not None}
     forgotten = sorted({row.user_id for row in completed if row.kind == "user"})
-    scrub(ctx.conn, sorted(erased, key=str), users=ctx.users, whole_users=forgotten)
+    hashes = {
+        a.details[key]
+        for a in mine
+        if a.action is Kind.SOFT_DELETE
+        for key in ("content_hash", "preview_hash")
+    }
+    scrub(
+        ctx.conn, sorted(erased, key=str), users=ctx.users, whole_users=forgotten,
+        hashes=sorted(hashes),
+    )  # fmt: skip
     if completed:
         log.info("erasure.requests_completed", requests=len(completed), erased=len(erased))
     return [row.id for row in completed]
@@ -290,10 +299,12 @@ def scrub(
     *,
     users: Sequence[str],
     whole_users: Sequence[str] = (),
+    hashes: Sequence[str] = (),
 ) -> dict[str, int]:
     """Remove erased memories' content from every table the worker owns, and everything the
     worker holds about the ``whole_users`` (forgotten users: also what it keeps about memories
-    no longer in the store); counts per table."""
+    no longer in the store); also the audit and plan rows of ``users`` whose text hashes to one
+    of ``hashes`` (the new tombstones'); counts per table."""
     if not memory_ids and not whole_users:
         return {}
     ids = list(memory_ids)
@@ -302,6 +313,7 @@ def scrub(
         "id_texts": [str(m) for m in ids],
         "owners": list(users),
         "whole_users": list(whole_users),
+        "hashes": list(hashes),
         "keep_details": list(KEEP_DETAILS),
         "keep_prior": list(PRIOR_FIELDS),
     }

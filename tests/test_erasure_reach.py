@@ -167,3 +167,31 @@ def test_forgetting_a_summary_reaches_rows_behind_a_record_the_application_delet
     assert status(engine, keep) == "active"
     (req,) = requests(engine)
     assert req["status"] == "completed"
+
+
+def test_the_audit_preview_of_a_deleted_twin_keeps_the_erased_text_for_good(engine, settings):
+    """B states A's text word for word. The worker retired B (TTL) and audited it with a
+    preview; the application then deleted B itself (its own cleanup of retired rows). forget A
+    completes, but the scrub reaches audit rows only by erased id, so B's audit row keeps A's
+    exact text. verify-erasure finds it (content hash), yet no run or command ever removes it:
+    the request can never verify clean."""
+    a = add(engine, "u1", "Allergic to penicillin")
+    b = add(engine, "u1", "Allergic to penicillin", expires_at=NOW - DAY)
+    add(engine, "u1", "Likes jazz")
+    in_use(engine)
+    run(engine, settings, now=NOW, jobs=["ttl_expiry"])
+    assert status(engine, b) == "deleted"
+    execute(engine, "DELETE FROM memories WHERE id = :b", b=b)  # the application's cleanup
+
+    erasure.forget(engine, settings, now=NOW + DAY, memory_id=a)
+    for day in (1, 3, 5):
+        run(engine, settings, now=NOW + day * DAY)
+    (req,) = requests(engine)
+    assert req["status"] == "completed" and get(engine, a) is None
+    kept = (
+        execute(engine, "SELECT content_preview FROM gc_actions WHERE content_preview IS NOT NULL")
+        .scalars()
+        .all()
+    )
+    residues = [r.describe() for r in verify(engine, now=NOW + 5 * DAY, memory_id=a).residues]
+    assert (kept, residues) == ([], [])

@@ -100,7 +100,13 @@ SET content_preview = NULL,
 WHERE a.user_id = ANY(:owners)
   AND (a.user_id = ANY(:whole_users) OR a.memory_id = ANY(:ids)
        OR EXISTS (SELECT 1 FROM unnest(CAST(:id_texts AS text[])) AS i(t)
-                  WHERE strpos(CAST(a.details AS text), i.t) > 0))
+                  WHERE strpos(CAST(a.details AS text), i.t) > 0)
+       -- a preview or merged text stating erased content, which no id names (an exact twin
+       -- the application deleted): its hash is a new tombstone's
+       OR (cardinality(CAST(:hashes AS text[])) > 0
+           AND (memory_gc_content_hash(a.user_id, a.content_preview) = ANY(:hashes)
+                OR memory_gc_content_hash(a.user_id, a.details -> 'record' ->> 'content')
+                   = ANY(:hashes))))
 RETURNING a.id
 
 -- erasure_drop_llm_cache --
