@@ -155,8 +155,8 @@ def memories_problems(conn: Connection, embedding_dim: int) -> list[str]:
     for name, type_, not_null, default in MEMORIES:
         column = columns.get(name)
         if column is None:
-            ddl = _column_ddl(name, type_, not_null, default, embedding_dim)
-            problems.append(f"missing column {name}: ALTER TABLE memories ADD COLUMN {ddl};")
+            fix = _add_column(name, type_, not_null, default, embedding_dim)
+            problems.append(f"missing column {name}: {fix}")
             continue
         problems += _column_problems(column, type_, not_null, embedding_dim)
     problems += [
@@ -314,9 +314,27 @@ def _vector_dim(type_name: str) -> int | None:
     return int(inside) if inside.isdigit() else None
 
 
-def _column_ddl(name: str, type_: str, not_null: bool, default: str | None, dim: int) -> str:
-    ddl = f"{name} {f'vector({dim})' if type_ == 'vector' else type_}"
-    return ddl + (" NOT NULL" if not_null else "") + (f" DEFAULT {default}" if default else "")
+# Columns whose existing rows should start from another column's value, not from the default:
+# observed_at defaulting to now() would stamp every existing row with one instant, and the
+# read rule and the contradiction job would then rank a slot's values by creation time alone.
+BACKFILL = {"observed_at": "created_at"}
+
+
+def _add_column(name: str, type_: str, not_null: bool, default: str | None, dim: int) -> str:
+    """The statements that add a missing contract column."""
+    base = f"{name} {f'vector({dim})' if type_ == 'vector' else type_}"
+    source = BACKFILL.get(name)
+    if source is None:
+        ddl = base + (" NOT NULL" if not_null else "") + (f" DEFAULT {default}" if default else "")
+        return f"ALTER TABLE memories ADD COLUMN {ddl};"
+    tail = ", ".join(
+        [f"ALTER COLUMN {name} SET DEFAULT {default}"] * bool(default)
+        + [f"ALTER COLUMN {name} SET NOT NULL"] * not_null
+    )
+    return (
+        f"ALTER TABLE memories ADD COLUMN {base}; UPDATE memories SET {name} = {source}; "
+        f"ALTER TABLE memories {tail};"
+    )
 
 
 def _owner_problem(relation: Any, name: str) -> list[str]:

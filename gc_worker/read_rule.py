@@ -1,6 +1,6 @@
 """The read rule for the request path: what is current for a user at an instant.
 
-SQL: ``SELECT * FROM memory_gc_current(user_id, scope, at, known_at)`` (migrations 0005, 0009); the
+SQL: ``SELECT * FROM memory_gc_current(user_id, scope, at, known_at)`` (migration 0012); the
 Python twin is ``current_memories``. A memory is current at ``at`` when all of these hold:
 
 1. Known: with ``known_at``, only records observed by then (``observed_at <= known_at``; a
@@ -17,9 +17,11 @@ Python twin is ``current_memories``. A memory is current at ``at`` when all of t
    least as trusted (a temporary override shadows what it overrides only inside its window).
 5. One per slot (per user, whatever the scope; migration 0009 undid 0008's per-scope ranking):
    among the rows of one ``slot``, the most trusted wins, then a bounded override (one with
-   ``valid_until``) over an open-ended one, then the newest start.
+   ``valid_until``) over an open-ended one, then the newest start, ``observed_at``,
+   ``created_at``, and the higher id (jobs.contradiction_rules.recency's order).
 
-``scope=None`` means every scope. Rows come back most important first, then newest.
+``scope=None`` means every scope; a scope filters what the rules leave (a scoped read is a
+subset of the unscoped one). Rows come back most important first, then newest.
 """
 
 from __future__ import annotations

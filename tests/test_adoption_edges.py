@@ -123,3 +123,42 @@ def test_adoption_validates_the_three_checks_in_one_scan(empty_database_url, mon
     assert code == 0, err
     time.sleep(1)
     assert scalar(url, scans) - before <= 7
+
+
+def test_a_store_without_observed_at_is_told_to_backfill_it_from_created_at(
+    empty_database_url, monkeypatch, capsys
+):
+    """observed_at is memory-gc's own notion; an application's table usually lacks it. Adding
+    it with DEFAULT now() stamped every existing row with one instant, and a slot's values were
+    then ranked by id (a review found the stale 2024 value read instead of the 2026 one). The
+    message now backfills it from created_at; run as told, the newest value is read."""
+    from datetime import UTC, datetime
+
+    from gc_worker import db
+    from gc_worker.read_rule import current_memories
+    from tests.test_migrate import app_store, execute, migrate
+
+    url = empty_database_url
+    execute(url, app_store(lineage=False) + """
+        ALTER TABLE memories DROP COLUMN observed_at;
+        INSERT INTO memories (id, user_id, content, slot, created_at, updated_at) VALUES
+          ('ffffffff-ffff-4fff-bfff-ffffffffffff', 'u9', 'Lives in Berlin', 'home',
+           '2024-01-01Z', '2024-01-01Z'),
+          ('00000000-0000-4000-8000-000000000001', 'u9', 'Lives in Paris', 'home',
+           '2026-01-01Z', '2026-01-01Z');""")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    fix = (
+        "ALTER TABLE memories ADD COLUMN observed_at timestamptz; UPDATE memories SET"
+        " observed_at = created_at; ALTER TABLE memories ALTER COLUMN observed_at SET DEFAULT"
+        " now(), ALTER COLUMN observed_at SET NOT NULL;"
+    )
+    assert code == 2 and fix in err, err
+    execute(url, fix)  # what the message says to run
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 0, err
+    engine = db.make_engine(url)
+    try:
+        shown = [m["content"] for m in current_memories(engine, "u9", None, datetime.now(UTC))]
+    finally:
+        engine.dispose()
+    assert shown == ["Lives in Paris"]

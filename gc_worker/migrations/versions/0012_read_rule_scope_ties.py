@@ -1,0 +1,115 @@
+"""The read rule: a scoped read is a subset of the unscoped one; slot ties as the jobs break them;
+no quadratic shadow check.
+
+Revision ID: 0012
+
+``memory_gc_current`` (migrations 0005, 0009) filtered by scope before it applied the shadow
+and slot rules, so a read of one scope ignored what other scopes said about its rows: a
+temporary override without a scope that declares a ``scheduling`` rule in ``supersedes`` hid it
+from the unscoped read but not from the read of ``scheduling`` (for the override's whole window:
+the jobs never obsolete what an override shadows), and a slot value replaced by a newer one in
+another scope was still current in its own. The scope now filters what the rules leave.
+
+Slot ties (same trust, start and ``observed_at``: rows written in one transaction, or an adopted
+store whose ``observed_at`` was added with one default) were broken by the lowest id, while the
+contradiction job keeps the newest by ``created_at`` and then the highest id
+(``jobs.contradiction_rules.recency``): the value the application read flipped once the job
+ran. The read rule now breaks ties the same way.
+
+The shadow check compared every live row of the user with every other (a nested loop: 4.6 s
+for a user with 8,000 rows); the shadowed ids are now one set, built from the rows that declare
+``supersedes``.
+"""
+
+import importlib.util
+from pathlib import Path
+
+from alembic import op
+
+revision = "0012"
+down_revision = "0011"
+branch_labels = None
+depends_on = None
+
+
+def _migration_0005():
+    path = Path(__file__).with_name("0005_read_rule.py")
+    spec = importlib.util.spec_from_file_location("memory_gc_migration_0005", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CURRENT_FUNCTION = """
+CREATE OR REPLACE FUNCTION memory_gc_current(
+    p_user_id text, p_scope text, p_at timestamptz, p_known_at timestamptz DEFAULT NULL
+) RETURNS SETOF memories
+LANGUAGE sql STABLE
+AS $fn$
+WITH seen AS (
+    SELECT m AS mem, m.id, m.slot, m.scope, m.supersedes, m.observed_at, m.created_at,
+           m.status_reason,
+           coalesce(m.valid_from, m.observed_at) AS starts,
+           memory_gc_trust(m.source, m.metadata) AS trust,
+           CASE WHEN later.changed THEN 'active' ELSE m.status END AS status_then,
+           CASE WHEN later.changed AND prior.found THEN prior.valid_until
+                ELSE m.valid_until END AS ends
+    FROM memories m
+    CROSS JOIN LATERAL (
+        SELECT coalesce(p_known_at IS NOT NULL AND m.status_changed_at > p_known_at, false)
+               AS changed
+    ) later
+    LEFT JOIN LATERAL (
+        SELECT true AS found, (a.prior ->> 'valid_until')::timestamptz AS valid_until
+        FROM gc_actions a
+        WHERE later.changed AND a.memory_id = m.id AND a.outcome = 'applied'
+          AND a.action IN ('obsolete', 'merge') AND a.prior IS NOT NULL
+        ORDER BY a.id DESC
+        LIMIT 1
+    ) prior ON true
+    WHERE m.user_id = p_user_id
+      AND m.status <> 'deleted'
+      AND (p_known_at IS NULL OR (
+            m.observed_at <= p_known_at
+            AND (m.updated_at <= p_known_at
+                 OR NOT EXISTS (SELECT 1 FROM memory_lineage l WHERE l.derived_id = m.id))))
+),
+live AS MATERIALIZED (
+    SELECT * FROM seen
+    WHERE (status_then = 'active'
+           OR (status_then = 'obsolete' AND status_reason IN ({reasons})))
+      AND starts <= p_at
+      AND (ends IS NULL OR p_at < ends)
+      AND ((mem).expires_at IS NULL OR p_at < (mem).expires_at)
+),
+shadowed AS (  -- rows a live row at least as trusted declares it supersedes
+    SELECT DISTINCT t.id
+    FROM live o
+    CROSS JOIN LATERAL unnest(o.supersedes) AS s(id)
+    JOIN live t ON t.id = s.id
+    WHERE cardinality(o.supersedes) > 0 AND o.id <> t.id AND o.trust >= t.trust
+),
+shown AS (
+    SELECT l.*, row_number() OVER (
+        PARTITION BY l.slot
+        ORDER BY l.trust DESC, (l.ends IS NOT NULL) DESC, l.starts DESC, l.observed_at DESC,
+                 l.created_at DESC, l.id DESC
+    ) AS slot_rank
+    FROM live l
+    WHERE NOT EXISTS (SELECT 1 FROM shadowed s WHERE s.id = l.id)
+)
+SELECT (mem).* FROM shown
+WHERE (slot IS NULL OR slot_rank = 1) AND (p_scope IS NULL OR scope = p_scope)
+ORDER BY (mem).importance DESC, starts DESC, id
+$fn$
+"""
+
+
+def upgrade() -> None:
+    reasons = _migration_0005().SUPERSESSION_REASONS
+    op.execute(CURRENT_FUNCTION.replace("{reasons}", reasons))
+
+
+def downgrade() -> None:
+    text = _migration_0005().CURRENT_FUNCTION
+    op.execute(text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
