@@ -100,9 +100,9 @@ def ask(ctx: BatchContext, batch: ScoringBatch) -> dict[str, int] | Action:
         return defer_batch(batch, INVALID, error=exc.reason)
     except LLMBudgetExhausted:
         return defer_batch(batch, BUDGET)
-    except LLMUnavailable:
+    except LLMUnavailable as exc:
         ctx.job_stats(NAME).errors += 1
-        return defer_batch(batch, UNAVAILABLE)
+        return defer_batch(batch, UNAVAILABLE, **({"refused": True} if exc.refused else {}))
 
 
 def plan_scoring(ctx: BatchContext, batches: Iterable[ScoringBatch]) -> list[Action]:
@@ -116,7 +116,8 @@ def plan_scoring(ctx: BatchContext, batches: Iterable[ScoringBatch]) -> list[Act
         answer = ask(ctx, batch)
         if isinstance(answer, Action):
             actions.append(answer)
-            stop_reason = None if answer.reason == INVALID else answer.reason
+            refused = answer.reason == INVALID or answer.details.get("refused", False)
+            stop_reason = None if refused else answer.reason
         else:
             actions += score_actions(batch, answer)
     return merge_deferred(actions)

@@ -68,7 +68,7 @@ class ModelGate:
             return Deferral(LLM_BUDGET)
         except LLMUnavailable as exc:
             self.stats.errors += 1
-            self.down = True
+            self.down = not exc.refused  # a request refused for its content: ask the next one
             log.error(f"{self.job}.llm_unavailable", user_id=user_id, error=str(exc))
             return Deferral(LLM_UNAVAILABLE)
         except LLMInvalidAnswer as exc:

@@ -259,20 +259,34 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
         ("date", set(_dates(text)) != set().union(*(_dates(s) for s in sources))),
         ("negation", (_negation_count(text) > 0) != any(_negation_count(s) for s in sources)),
         ("name", bool(_inner_names(text) - source_words or stated_names - text_words)),
-        ("direction", any(_direction_differs(text, s) for s in sources)),
-        ("antonym", _antonym_added(text_words, source_words)),
+        ("direction", any(_direction_reversed(text, s) for s in sources)),
+        ("antonym", any(_antonym_swapped(text_words, set(_words(s))) for s in sources)),
     )
     return [code for code, differs in checks if differs]
 
 
-def _antonym_added(text_words: set[str], source_words: set[str]) -> bool:
-    """The text uses a word of an antonym group whose family the sources, which use that group,
-    do not use ("Likes spicy food" → "Dislikes spicy food"). A group the sources never use is
-    not checked: a paraphrase may bring its own words ("Enjoys" for "Likes")."""
+def _direction_reversed(text: str, source: str) -> bool:
+    """A word the source places after a direction marker ("to Florida") appears in the text,
+    but never after that marker ("from Florida"). Words the source places after none are not
+    checked: the text may join other sources around them."""
+    _, text_labels = _direction_labels(text)
+    _, source_labels = _direction_labels(source)
+    return any(
+        word in text_labels and not (text_labels[word] & found)
+        for word, found in source_labels.items()
+        if found - {"^"}
+    )
+
+
+def _antonym_swapped(text_words: set[str], source_words: set[str]) -> bool:
+    """The text uses a group of antonyms the source uses, but none of the source's words of
+    it ("Likes spicy food" → "Dislikes spicy food"). A group the source does not use is not
+    checked: a paraphrase may bring its own words ("Enjoys" for "Likes"), and a summary
+    another source's ("morning" beside "evening")."""
     for group in _ANTONYM_GROUPS:
         used_text = {i for i, family in enumerate(group) if family & text_words}
-        used_sources = {i for i, family in enumerate(group) if family & source_words}
-        if used_sources and used_text - used_sources:
+        used_source = {i for i, family in enumerate(group) if family & source_words}
+        if used_source and used_text and not used_text & used_source:
             return True
     return False
 

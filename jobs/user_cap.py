@@ -259,7 +259,8 @@ def plan_overflow(
 ) -> tuple[list[Action], str | None]:
     """One over-cap user's actions in summarize mode, and why the model is not to be asked
     again in this batch (unavailable after its retries, budget spent), if so; ``stop``: such a
-    reason from an earlier user — no retry storm against a server that is down."""
+    reason from an earlier user — no retry storm against a server that is down (a request
+    refused for its own content, 400/413/422, stops nothing)."""
     if not overflow.fold:
         return evictions(overflow.evict), stop
     if ctx.llm is None or stop is not None:
@@ -274,7 +275,10 @@ def plan_overflow(
         )
     except LLMError as exc:
         reason = failure_reason(ctx, exc)
-        return declined(ctx, overflow, reason), None if reason == INVALID else reason
+        # an invalid answer, or this request refused for its content (too long: the user
+        # furthest over the cap), says nothing of the next user's: ask again
+        refused = reason == INVALID or (isinstance(exc, LLMUnavailable) and exc.refused)
+        return declined(ctx, overflow, reason), None if refused else reason
     embedding, source = summary_embedding(ctx, text, overflow.fold, full)
     record = summary_record(
         overflow.fold, full, text=text, embedding=embedding, embedding_source=source,

@@ -204,17 +204,32 @@ class TestRejectedAnswers:
         assert get(engine, lunch)["importance"] == 1
         assert report["jobs"]["importance"]["errors"] == 1
 
-    def test_unavailable_server_defers_the_rest_without_calling(self, engine, make_llm) -> None:
-        """A refused call is one error; the user's remaining batches are deferred uncalled."""
+    @pytest.mark.parametrize("status", [503, 401])
+    def test_unavailable_server_defers_the_rest_without_calling(
+        self, engine, make_llm, status
+    ) -> None:
+        """A server that is down (or refuses the key) fails one call, counted as one error;
+        the user's remaining batches are deferred uncalled."""
         seed_three(engine)
         settings = with_options(importance={"batch_size": 1}, llm={"max_retries": 0})
-        llm, server = make_llm(error_reply(400), settings=settings)
+        llm, server = make_llm(error_reply(status), settings=settings)
         report = run(engine, settings, jobs=["importance"], llm=llm)
         assert len(server.requests) == 1
         assert report["jobs"]["importance"]["errors"] == 1
         [listing] = report["actions"]
         assert (listing["reason"], len(listing["details"]["memory_ids"])) == ("llm_unavailable", 3)
         assert listing["details"]["calls"] == 3
+
+    def test_a_request_refused_for_its_content_stops_nothing(self, engine, make_llm) -> None:
+        """400 (too long for the model, a content filter) refuses that request only: the
+        next batches are still asked."""
+        seed_three(engine)
+        settings = with_options(importance={"batch_size": 1}, llm={"max_retries": 0})
+        llm, server = make_llm(error_reply(400), error_reply(400), error_reply(400),
+                               settings=settings)  # fmt: skip
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        assert len(server.requests) == 3
+        assert report["jobs"]["importance"]["errors"] == 3
 
 
 class TestNoNewCalls:

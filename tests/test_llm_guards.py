@@ -340,3 +340,49 @@ class TestTheBudgetIsTheRuns:
             f"(report llm.calls = {report['llm']['calls']})"
         )
         assert report["totals"]["by_action"].get("deferred") == 1
+
+
+class TestAFaithfulSummaryIsNotRejected:
+    """The inversion checks must not refuse a summary that is its rows joined (a review found
+    the first version of them rejecting it)."""
+
+    def test_user_cap_summarizes_when_the_summary_is_the_rows_verbatim(self, engine, make_llm):
+        settings = Settings.model_validate(
+            {"embeddings": {"dim": TEST_DIM},
+             "user_cap": {"max_memories": 2, "overflow": "summarize"}}
+        )  # fmt: skip
+        texts = ["User moved from Boston to Denver", "User works remotely as a designer",
+                 "Core goal: sail"]  # fmt: skip
+        for i, text in enumerate(texts):
+            add(engine, "u1", text, importance=1 + 4 * (i == 2), created_at=days_ago(30 - i),
+                embedding=unit(0.1 * i))  # fmt: skip
+        summary = "User moved from Boston to Denver. User works remotely as a designer."
+        server = Model(lambda kind, payload: {"summary": summary})
+        report = run(engine, settings, jobs=["user_cap"], llm=make_llm(server))
+        [created] = [a for a in report["actions"] if a["action"] == "create_merged"]
+        assert get(engine, UUID(created["memory_id"]))["content"] == summary
+
+
+class TestOneUsersRefusedSummaryDoesNotStopTheBatch:
+    def test_a_400_for_one_user_leaves_the_next_users_summarised(self, engine, make_llm):
+        """A request the server refuses for its content (400: context length exceeded for the
+        user furthest over the cap, a content filter) says nothing about the server being
+        down: the next over-cap user's summary is still asked for and made."""
+        settings = Settings.model_validate(
+            {"embeddings": {"dim": TEST_DIM},
+             "user_cap": {"max_memories": 1, "overflow": "summarize"}}
+        )  # fmt: skip
+        for user in ("a_big", "b_small"):
+            for i, word in enumerate(["piano", "jazz", "chess"]):
+                add(engine, user, f"{user} plays {word}", created_at=days_ago(10 - i))
+
+        def answer(kind: str, payload: Any) -> Any:
+            if "a_big" in json.dumps(payload):
+                return error_reply(400)  # e.g. context_length_exceeded
+            return {"summary": "b_small plays piano and jazz"}
+
+        server = Model(answer)
+        report = run(engine, settings, jobs=["user_cap"], llm=make_llm(server, max_retries=1))
+        made = {a["user_id"] for a in report["actions"] if a["action"] == "create_merged"}
+        deferred = {a["user_id"] for a in report["actions"] if a["action"] == "deferred"}
+        assert (made, deferred) == ({"b_small"}, {"a_big"})

@@ -382,6 +382,13 @@ class TestFactChecks:
             ("Avoids coffee", ["Prefers coffee"], ["antonym"]),
             ("Enjoys drinking green tea", ["Likes green tea"], []),  # a group it does not use
             ("Likes tea and dislikes coffee", ["Likes tea", "Dislikes coffee"], []),
+            # a review found these faithful summaries rejected by the first version
+            ("User moved from Boston to Denver. User works remotely as a designer.",
+             ["User moved from Boston to Denver", "User works remotely as a designer"], []),
+            ("Has family in London and flies to London monthly",
+             ["Has family in London", "Flies to London monthly"], []),
+            ("Goes running every morning and walks the dog in the evening",
+             ["Goes running every morning", "Walks the dog in the evening"], []),
         ],
     )  # fmt: skip
     def test_unsupported_facts(self, text: str, sources: list[str], expected: list[str]):

@@ -26,6 +26,13 @@ class LLMInvalidAnswer(LLMError):
         super().__init__(f"LLM answer rejected: {reason}" + (f" ({detail})" if detail else ""))
 
 
+# Statuses that refuse one request for what it asks (too long for the model's context, a
+# content filter, unprocessable): the server is up, and the next request may well be answered.
+# Any other failure (401/403 bad key, 404 no such model, 5xx, timeouts) would recur for every
+# request.
+REFUSED_FOR_CONTENT = frozenset({400, 413, 422})
+
+
 class LLMUnavailable(LLMError):
     """The LLM did not answer."""
 
@@ -37,6 +44,11 @@ class LLMUnavailable(LLMError):
             f"LLM {kind} call failed after {attempts} attempt(s)"
             f" (status {status_code if status_code is not None else 'none'}): {cause}"
         )
+
+    @property
+    def refused(self) -> bool:
+        """This request was refused for its content; the server itself is not down."""
+        return self.status_code in REFUSED_FOR_CONTENT
 
 
 class LLMBudgetExhausted(LLMError):
