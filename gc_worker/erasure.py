@@ -213,15 +213,11 @@ def finish_batch(ctx: BatchContext, applied: Sequence[Action], *, run_id: UUID) 
     completed = _complete(ctx, mine, run_id)
     erased |= {row.memory_id for row in completed if row.memory_id is not None}
     forgotten = sorted({row.user_id for row in completed if row.kind == "user"})
-    hashes = {
-        a.details[key]
-        for a in mine
-        if a.action is Kind.SOFT_DELETE
-        for key in ("content_hash", "preview_hash")
-    }
+    deletes = [a for a in mine if a.action is Kind.SOFT_DELETE]
+    hashes = {a.details[key] for a in deletes for key in ("content_hash", "preview_hash")}
     scrub(
         ctx.conn, sorted(erased, key=str), users=ctx.users, whole_users=forgotten,
-        hashes=sorted(hashes),
+        hashes=sorted(hashes), hash_owners=sorted({a.user_id for a in deletes}),
     )  # fmt: skip
     if completed:
         log.info("erasure.requests_completed", requests=len(completed), erased=len(erased))
@@ -300,11 +296,14 @@ def scrub(
     users: Sequence[str],
     whole_users: Sequence[str] = (),
     hashes: Sequence[str] = (),
+    hash_owners: Sequence[str] = (),
 ) -> dict[str, int]:
     """Remove erased memories' content from every table the worker owns, and everything the
     worker holds about the ``whole_users`` (forgotten users: also what it keeps about memories
-    no longer in the store); also the audit and plan rows of ``users`` whose text hashes to one
-    of ``hashes`` (the new tombstones'); counts per table."""
+    no longer in the store). What no id names — about an exact twin the application deleted —
+    is found by content: the audit and plan rows, and the cached decisions, of ``hash_owners``
+    (the users whose rows were erased) whose text hashes to one of ``hashes`` (the new
+    tombstones'), and their cached decisions about rows no longer stored. Counts per table."""
     if not memory_ids and not whole_users:
         return {}
     ids = list(memory_ids)
@@ -314,13 +313,20 @@ def scrub(
         "owners": list(users),
         "whole_users": list(whole_users),
         "hashes": list(hashes),
+        "hash_owners": list(hash_owners),
         "keep_details": list(KEEP_DETAILS),
         "keep_prior": list(PRIOR_FIELDS),
     }
     dropped = {"ids": ids, "owners": list(users), "whole_users": list(whole_users)}
+    by_content = {"hashes": list(hashes), "hash_owners": list(hash_owners)}
     return {
         "gc_actions": len(conn.execute(q("erasure_scrub_actions"), params).all()),
-        "gc_llm_cache": len(conn.execute(q("erasure_drop_llm_cache"), dropped).all()),
+        "gc_llm_cache": len(conn.execute(q("erasure_drop_llm_cache"), dropped).all())
+        + (
+            len(conn.execute(q("erasure_drop_llm_cache_by_content"), by_content).all())
+            if hash_owners
+            else 0
+        ),
         "gc_review_items": len(conn.execute(q("erasure_drop_reviews"), dropped).all()),
         "gc_sweep_requests": len(
             conn.execute(q("erasure_scrub_sweep_errors"), {"whole_users": list(whole_users)}).all()

@@ -11,6 +11,7 @@ from gc_worker import erasure
 from gc_worker.verify_erasure import verify
 from tests.store import NOW, add, execute, get, run, status
 from tests.test_erasure_helpers import merge, requests
+from tests.test_llm_guards import make_llm  # noqa: F401  (fixture)
 
 DAY = timedelta(days=1)
 LATER = NOW + 400 * DAY
@@ -195,3 +196,29 @@ def test_the_audit_preview_of_a_deleted_twin_keeps_the_erased_text_for_good(engi
     )
     residues = [r.describe() for r in verify(engine, now=NOW + 5 * DAY, memory_id=a).residues]
     assert (kept, residues) == ([], [])
+
+
+def test_the_cached_merge_text_of_a_deleted_twin_is_dropped(engine, settings, make_llm):  # noqa: F811
+    """One table further than the audit preview: B states A's text word for word and was
+    merged (with C) by the model, whose answer — that very text — is cached under [B, C]. The
+    application deletes B. After forget A the cached decision, which names neither A nor the
+    merged record, held A's text for good and verify-erasure never passed (a review found it)."""
+    from tests.test_compaction import E0, at_similarity
+    from tests.test_llm_guards import Model, merging_to
+
+    text = "Allergic to penicillin"
+    b = add(engine, "u1", text, created_at=NOW - 9 * DAY, embedding=E0)
+    add(engine, "u1", "Is allergic to penicillin", created_at=NOW - 2 * DAY,
+        embedding=at_similarity(0.95))  # fmt: skip
+    report = run(engine, settings, jobs=["compaction"], llm=make_llm(Model(merging_to(text))))
+    assert [x["action"] for x in report["actions"]].count("create_merged") == 1
+    execute(engine, "DELETE FROM memories WHERE id = :b", b=b)  # the application's cleanup
+    a = add(engine, "u1", text)
+    add(engine, "u1", "Likes jazz")
+    in_use(engine)
+    erasure.forget(engine, settings, now=NOW + DAY, memory_id=a)
+    for day in (1, 3, 5):
+        run(engine, settings, now=NOW + day * DAY)
+    (req,) = requests(engine)
+    assert req["status"] == "completed" and get(engine, a) is None
+    assert verify(engine, now=NOW + 5 * DAY, memory_id=a).residues == []

@@ -102,8 +102,9 @@ WHERE a.user_id = ANY(:owners)
        OR EXISTS (SELECT 1 FROM unnest(CAST(:id_texts AS text[])) AS i(t)
                   WHERE strpos(CAST(a.details AS text), i.t) > 0)
        -- a preview or merged text stating erased content, which no id names (an exact twin
-       -- the application deleted): its hash is a new tombstone's
-       OR (cardinality(CAST(:hashes AS text[])) > 0
+       -- the application deleted): its hash is a new tombstone's, which only rows of the
+       -- tombstone's user can match
+       OR (a.user_id = ANY(:hash_owners)
            AND (memory_gc_content_hash(a.user_id, a.content_preview) = ANY(:hashes)
                 OR memory_gc_content_hash(a.user_id, a.details -> 'record' ->> 'content')
                    = ANY(:hashes))))
@@ -114,6 +115,19 @@ RETURNING a.id
 -- ever the erasing users' own.
 DELETE FROM gc_llm_cache
 WHERE user_id = ANY(:owners) AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users))
+RETURNING key
+
+-- erasure_drop_llm_cache_by_content --
+-- Of the users whose rows were just erased, the cached decisions no id of an erased row names
+-- that still hold erased content: a string in the decision hashing to a new tombstone's, or a
+-- decision about rows no longer stored (an exact twin the application deleted, merged before).
+DELETE FROM gc_llm_cache c
+WHERE c.user_id = ANY(:hash_owners)
+  AND (EXISTS (SELECT 1 FROM unnest(c.memory_ids) AS i(id)
+               WHERE NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = i.id))
+       OR EXISTS (SELECT 1 FROM jsonb_path_query(c.value, 'strict $.**') AS v(j)
+                  WHERE jsonb_typeof(v.j) = 'string'
+                    AND memory_gc_content_hash(c.user_id, v.j #>> '{}') = ANY(:hashes)))
 RETURNING key
 
 -- erasure_drop_reviews --
