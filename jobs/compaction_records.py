@@ -38,8 +38,9 @@ DEPTH_KEYS = ("merge_depth", "summary_depth")
 
 
 def merge_depth(row: Any) -> int:
-    """0 for a record the application wrote; how many merges deep a worker-made record is."""
-    metadata = row.metadata or {}
+    """0 for a record the application wrote; how many merges deep a worker-made record is.
+    (metadata is any JSON in an adopted store: an array or a string has no depth.)"""
+    metadata = row.metadata if isinstance(row.metadata, dict) else {}
     for key in DEPTH_KEYS:
         value = metadata.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:

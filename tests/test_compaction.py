@@ -389,3 +389,16 @@ class TestOffline:
         result = restore.restore_run(engine, UUID(report["run_id"]))
         assert result.restored == [] and status(engine, new_id) == "active"
         assert set(result.not_restorable) == {*ids, new_id}
+
+
+def test_a_row_whose_metadata_is_not_an_object_is_merged(engine, settings):
+    """metadata is `jsonb NOT NULL` in the contract, which a JSON array or string satisfies
+    (an adopted store may hold `["pets"]`): compaction's depth check called .get on it and
+    failed the batch, every night, for every user of it (a review found it)."""
+    keep = add(engine, "u1", "Has a dog", created_at=days_ago(30), embedding=E0,
+               metadata='["pets"]')  # fmt: skip
+    twin = add(engine, "u1", "Has a dog", created_at=days_ago(20), embedding=E0,
+               metadata='"tagged"')  # fmt: skip
+    report = run(engine, settings, jobs=["compaction"])
+    assert report["totals"]["by_action"].get("create_merged") == 1
+    assert status(engine, keep) == status(engine, twin) == "merged"
