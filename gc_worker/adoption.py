@@ -172,15 +172,43 @@ def memories_problems(conn: Connection, embedding_dim: int) -> list[str]:
 
 
 # What the worker writes into the enum-like columns: each must pass the table's CHECKs.
+# Every status change the worker writes, as it writes it: (status, reason). A CHECK is probed
+# with whole rows, not one value at a time: the application's own rule may tie columns together
+# ("a deleted row has its deleted_at", "status_reason is one of ours").
+STATUS_WRITES = (
+    [("deleted", reason) for reason in (
+        "ttl_expired", "decayed", "unused", "over_cap", "over_cap_summarized", "erasure",
+        "erasure_tombstone", "restored")]
+    + [("obsolete", reason) for reason in (
+        "superseded", "slot_replaced", "contradicted", "validity_ended", "review_superseded",
+        "review_rejected")]
+    + [("merged", reason) for reason in ("exact_duplicates", "near_duplicates")]
+    + [("active", "erasure_reactivated")]
+)  # fmt: skip
+
+
+def _status_row(status: str, reason: str) -> dict[str, str]:
+    """SQL values of a row the worker has just moved to ``status`` for ``reason``."""
+    row = {"status": f"'{status}'", "status_reason": f"'{reason}'", "status_changed_at": "now()"}
+    if status == "deleted":
+        row["deleted_at"] = "now()"
+    if status in ("obsolete", "merged") or reason == "over_cap_summarized":
+        row["superseded_by"] = "gen_random_uuid()"
+    if status == "obsolete":
+        row["valid_until"] = "now()"
+    return row
+
+
 WORKER_VALUES = (
-    [{"status": status} for status in ("active", "obsolete", "merged", "deleted")]
+    [_status_row(status, reason) for status, reason in STATUS_WRITES]
     + [
-        {"source": "gc_merge", "memory_type": "semantic"},
-        {"source": "gc_merge", "memory_type": "summary"},
+        {"status": "'active'", "source": "'gc_merge'", "memory_type": f"'{kind}'",
+         "importance": "3", "confidence": "1.0", "metadata": "'{\"merge_depth\": 1}'"}
+        for kind in ("semantic", "summary")
     ]
-    + [{"importance": i} for i in (1, 5)]
-    + [{"confidence": c, "decayed_confidence": c} for c in (0.0, 1.0)]
-)
+    + [{"importance": str(i)} for i in (1, 5)]
+    + [{"confidence": str(c), "decayed_confidence": str(c)} for c in (0.0, 1.0)]
+)  # fmt: skip
 
 
 def _check_problems(conn: Connection) -> list[str]:
@@ -201,8 +229,7 @@ def _check_problems(conn: Connection) -> list[str]:
                 conn.exec_driver_sql(
                     f'ALTER TABLE memory_gc_probe ALTER COLUMN "{column.name}" DROP NOT NULL'
                 )
-        for values in WORKER_VALUES:
-            columns = {k: f"'{v}'" for k, v in values.items()}
+        for columns in WORKER_VALUES:
             sql = (f"INSERT INTO memory_gc_probe ({', '.join(columns)})"
                    f" VALUES ({', '.join(columns.values())})")  # fmt: skip
             conn.exec_driver_sql("SAVEPOINT memory_gc_value")
@@ -214,9 +241,11 @@ def _check_problems(conn: Connection) -> list[str]:
     finally:
         conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_probe")
     return [
-        f"CHECK {row.conname} ({row.definition}) refuses a value the worker writes (statuses "
-        "active/obsolete/merged/deleted, source 'gc_merge', memory_type 'summary', importance "
-        f"1..5, confidence 0..1): ALTER TABLE memories DROP CONSTRAINT {row.conname}; (or widen it)"
+        f"CHECK {row.conname} ({row.definition}) refuses a row the worker writes (statuses "
+        "active/obsolete/merged/deleted with their reasons and instants — "
+        f"{', '.join(sorted({r for _, r in STATUS_WRITES}))} — source 'gc_merge', memory_type "
+        "'summary', importance 1..5, confidence 0..1): ALTER TABLE memories DROP CONSTRAINT "
+        f"{row.conname}; (or widen it)"
         for row in checks
         if row.conname in refused
     ]

@@ -56,6 +56,63 @@ def test_an_existing_check_that_forbids_worker_values_is_refused(
     assert code == 2 and name in err, err
 
 
+def test_a_check_on_status_reason_that_refuses_the_workers_reasons_is_refused(
+    empty_database_url, monkeypatch, capsys
+):
+    """The application enumerates its own status reasons. The probe set statuses one value at
+    a time and never a status_reason: the store was adopted, then every batch that retired a
+    row failed, every night (a review found it)."""
+    url = empty_database_url
+    check = "status_reason IS NULL OR status_reason IN ('user_deleted', 'archived')"
+    execute(
+        url, app_store() + f"ALTER TABLE memories ADD CONSTRAINT app_reason_ck CHECK ({check});"
+    )
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2 and "app_reason_ck" in err and "ttl_expired" in err, err
+
+
+def test_a_check_the_worker_satisfies_is_not_refused(empty_database_url, monkeypatch, capsys):
+    """'A deleted row has its deleted_at': the worker always stamps deleted_at when it
+    soft-deletes, yet the one-value probe inserted status 'deleted' alone and refused the
+    store, telling the operator to drop a constraint the worker never violates."""
+    url = empty_database_url
+    execute(url, app_store() + "ALTER TABLE memories ADD CONSTRAINT app_deleted_ck CHECK"
+                 " (status <> 'deleted' OR deleted_at IS NOT NULL);")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 0, err
+    execute(url, "INSERT INTO memories (user_id, content, expires_at)"
+                 " VALUES ('u1', 'Is in Rome this week', '2026-05-01Z')")  # fmt: skip
+    assert cli.main(["run", "--job", "ttl_expiry", "--now", "2026-06-01T03:00:00Z"]) == 0
+    rome = (
+        "SELECT status, deleted_at IS NOT NULL FROM memories WHERE content = 'Is in Rome this week'"
+    )
+    assert scalar(url, rome) == "deleted"
+
+
+def test_the_probe_knows_every_status_change_the_worker_writes():
+    """Every reason a job, a restore, a review or an erasure retires (or reactivates) a row
+    with is probed against the application's CHECKs, with the status it goes with."""
+    import jobs.compaction as compaction
+    import jobs.contradiction_rules as contradiction
+    import jobs.decay as decay
+    import jobs.ttl_expiry as ttl
+    import jobs.usage_prune as usage
+    import jobs.user_cap as user_cap
+    from gc_worker.actions import ERASURE_REASONS
+    from gc_worker.adoption import STATUS_WRITES
+    from gc_worker.read_rule import SUPERSESSION_REASONS
+
+    written = {
+        *(("deleted", r) for r in (ttl.REASON, decay.REASON, usage.REASON, user_cap.REASON,
+                                    user_cap.SUMMARIZED, *ERASURE_REASONS, "restored")),
+        *(("obsolete", r) for r in (*contradiction.REASONS.values(), *SUPERSESSION_REASONS,
+                                     "review_rejected")),
+        *(("merged", r) for r in (compaction.EXACT, compaction.NEAR)),
+        ("active", "erasure_reactivated"),
+    }  # fmt: skip
+    assert written <= set(STATUS_WRITES)
+
+
 def test_concurrent_migrate_waits_even_under_the_documented_lock_timeout(
     empty_database_url, monkeypatch, capsys
 ):
