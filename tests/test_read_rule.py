@@ -199,6 +199,25 @@ class TestKnownAt:
         assert contents(engine, NOW, known_at=days_ago(1)) == ["Has a dog", "Has a dog"]
 
 
+class TestKnownAtAfterAnEdit:
+    def test_an_edited_merged_record_keeps_its_fact_in_reads_as_known_before_the_edit(
+        self, engine, settings
+    ):
+        """Two duplicates merged; later the application corrects the merged record's text
+        (updated_at = the edit). A read as known between the merge and the edit returned
+        nothing: the members merged by then, the record counted from its updated_at (a review
+        found it). It counts from the run that wrote it."""
+        vector = [1.0] + [0.0] * 7
+        for _ in range(2):
+            add(engine, "u1", "Has a dog", created_at=days_ago(30), embedding=vector)
+        run(engine, settings, jobs=["compaction"], now=days_ago(10))
+        (merged,) = [r["id"] for r in current_memories(engine, "u1", None, NOW)]
+        execute(engine, "UPDATE memories SET content = 'Has a dog named Rex', updated_at = :t"
+                " WHERE id = :id", t=days_ago(2), id=merged)  # fmt: skip
+        assert contents(engine, NOW, known_at=days_ago(5)) == ["Has a dog named Rex"]
+        assert contents(engine, NOW, known_at=days_ago(20)) == ["Has a dog", "Has a dog"]
+
+
 class TestTrustOrder:
     @pytest.mark.parametrize(
         ("source", "metadata", "rank"),

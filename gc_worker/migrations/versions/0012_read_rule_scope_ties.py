@@ -19,6 +19,11 @@ ran. The read rule now breaks ties the same way.
 The shadow check compared every live row of the user with every other (a nested loop: 4.6 s
 for a user with 8,000 rows); the shadowed ids are now one set, built from the rows that declare
 ``supersedes``.
+
+A record the worker derived (a merge, a summary) counts as known from the instant of the run
+that wrote it (its ``create_merged`` audit row), not from its ``updated_at``: an application
+edit of the record moved that, and a read as known between the merge and the edit lost the
+fact (its members merged, the record not yet known).
 """
 
 import importlib.util
@@ -71,8 +76,12 @@ WITH seen AS (
       AND m.status <> 'deleted'
       AND (p_known_at IS NULL OR (
             m.observed_at <= p_known_at
-            AND (m.updated_at <= p_known_at
-                 OR NOT EXISTS (SELECT 1 FROM memory_lineage l WHERE l.derived_id = m.id))))
+            AND (NOT EXISTS (SELECT 1 FROM memory_lineage l WHERE l.derived_id = m.id)
+                 OR coalesce((SELECT r.now FROM gc_actions a JOIN gc_runs r ON r.id = a.run_id
+                              WHERE a.memory_id = m.id AND a.action = 'create_merged'
+                                AND a.outcome IN ('applied', 'restored')
+                              ORDER BY a.id LIMIT 1),
+                             m.updated_at) <= p_known_at)))
 ),
 live AS MATERIALIZED (
     SELECT * FROM seen
