@@ -17,8 +17,8 @@ contradiction job keeps the newest by ``created_at`` and then the highest id
 ran. The read rule now breaks ties the same way.
 
 The shadow check compared every live row of the user with every other (a nested loop: 4.6 s
-for a user with 8,000 rows); the shadowed ids are now one set, built from the rows that declare
-``supersedes``.
+for a user with 8,000 rows); the declarations now meet the rows they name in one sort (a window
+over rows and declarations by id), with no join the planner could make a nested loop of.
 
 A record the worker derived (a merge, a summary) counts as known from the instant of the run
 that wrote it (its ``create_merged`` audit row), not from its ``updated_at``: an application
@@ -91,12 +91,21 @@ live AS MATERIALIZED (
       AND (ends IS NULL OR p_at < ends)
       AND ((mem).expires_at IS NULL OR p_at < (mem).expires_at)
 ),
-shadowed AS (  -- rows a live row at least as trusted declares it supersedes
-    SELECT DISTINCT t.id
-    FROM live o
-    CROSS JOIN LATERAL unnest(o.supersedes) AS s(id)
-    JOIN live t ON t.id = s.id
-    WHERE cardinality(o.supersedes) > 0 AND o.id <> t.id AND o.trust >= t.trust
+marks AS (  -- each live row, and each declaration naming one (with the declarer's trust)
+    SELECT l.id, true AS is_row, l.trust, NULL::integer AS by_trust, l AS row FROM live l
+    UNION ALL
+    SELECT s.id, false, NULL, o.trust, NULL
+    FROM live o CROSS JOIN LATERAL unnest(o.supersedes) AS s(id)
+    WHERE cardinality(o.supersedes) > 0 AND s.id <> o.id
+),
+judged AS (  -- one sort, whatever the planner estimates (a join of live with itself became a
+             -- nested loop, rescanning live per declaring row, when it thought live small)
+    SELECT is_row, row, trust, max(by_trust) OVER (PARTITION BY id) AS declarer_trust
+    FROM marks
+),
+unshadowed AS (  -- not declared superseded by a live row at least as trusted
+    SELECT (row).* FROM judged
+    WHERE is_row AND (declarer_trust IS NULL OR declarer_trust < trust)
 ),
 shown AS (
     SELECT l.*, row_number() OVER (
@@ -104,8 +113,7 @@ shown AS (
         ORDER BY l.trust DESC, (l.ends IS NOT NULL) DESC, l.starts DESC, l.observed_at DESC,
                  l.created_at DESC, l.id DESC
     ) AS slot_rank
-    FROM live l
-    WHERE NOT EXISTS (SELECT 1 FROM shadowed s WHERE s.id = l.id)
+    FROM unshadowed l
 )
 SELECT (mem).* FROM shown
 WHERE (slot IS NULL OR slot_rank = 1) AND (p_scope IS NULL OR scope = p_scope)
