@@ -187,20 +187,27 @@ STATUS_WRITES = (
 )  # fmt: skip
 
 
-def _status_row(status: str, reason: str) -> dict[str, str]:
-    """SQL values of a row the worker has just moved to ``status`` for ``reason``."""
+def _status_rows(status: str, reason: str) -> list[dict[str, str]]:
+    """SQL values of the rows the worker writes when it moves one to ``status`` for ``reason``
+    (each way it can: a review's loser may have no winner to point at)."""
     row = {"status": f"'{status}'", "status_reason": f"'{reason}'", "status_changed_at": "now()"}
     if status == "deleted":
         row["deleted_at"] = "now()"
-    if status in ("obsolete", "merged") or reason == "over_cap_summarized":
-        row["superseded_by"] = "gen_random_uuid()"
-    if status == "obsolete":
-        row["valid_until"] = "now()"
-    return row
+    replaced = {"superseded_by": "gen_random_uuid()"}
+    closed = {"valid_until": "now()"}
+    if reason == "over_cap_summarized" or status == "merged":
+        return [row | replaced]
+    if reason == "validity_ended":  # its own window ran out: nothing replaced it
+        return [row | {"valid_until": "now() - interval '1 day'"}]
+    if reason == "review_rejected":  # never held: its window is left as it was
+        return [row | replaced, row]
+    if status == "obsolete":  # replaced: closed at the replacement's start
+        return [row | replaced | closed]
+    return [row]
 
 
 WORKER_VALUES = (
-    [_status_row(status, reason) for status, reason in STATUS_WRITES]
+    [row for status, reason in STATUS_WRITES for row in _status_rows(status, reason)]
     + [
         {"status": "'active'", "source": "'gc_merge'", "memory_type": f"'{kind}'",
          "importance": "3", "confidence": "1.0", "metadata": "'{\"merge_depth\": 1}'"}

@@ -89,6 +89,25 @@ def test_a_check_the_worker_satisfies_is_not_refused(empty_database_url, monkeyp
     assert scalar(url, rome) == "deleted"
 
 
+@pytest.mark.parametrize(
+    ("name", "check"),
+    [("app_obsolete_ck", "status <> 'obsolete' OR superseded_by IS NOT NULL"),
+     ("app_closed_ck", "status <> 'obsolete' OR valid_until IS NOT NULL")],
+)  # fmt: skip
+def test_a_check_the_worker_breaks_on_an_ended_or_rejected_fact_is_refused(
+    empty_database_url, monkeypatch, capsys, name, check
+):
+    """ "An obsolete row names what replaced it", "an obsolete row's window is closed": the
+    contradiction job retires an override whose window ended with nothing replacing it, and a
+    review rejects a fact without closing its window. The whole-row probe gave every obsolete
+    row a replacement and a closed window, so both CHECKs were adopted, and every batch with an
+    ended override then failed (a review found it)."""
+    url = empty_database_url
+    execute(url, app_store() + f"ALTER TABLE memories ADD CONSTRAINT {name} CHECK ({check});")
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2 and name in err, err
+
+
 def test_the_probe_knows_every_status_change_the_worker_writes():
     """Every reason a job, a restore, a review or an erasure retires (or reactivates) a row
     with is probed against the application's CHECKs, with the status it goes with."""
