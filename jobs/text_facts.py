@@ -260,7 +260,11 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
         ("negation", (_negation_count(text) > 0) != any(_negation_count(s) for s in sources)),
         ("name", bool(_inner_names(text) - source_words or stated_names - text_words)),
         ("direction", any(_direction_reversed(text, s) for s in sources)),
-        ("antonym", any(_antonym_swapped(text_words, set(_words(s))) for s in sources)),
+        (
+            "antonym",
+            _antonym_added(text_words, source_words)
+            or any(_antonym_swapped(text_words, set(_words(s))) for s in sources),
+        ),
     )
     return [code for code, differs in checks if differs]
 
@@ -276,6 +280,17 @@ def _direction_reversed(text: str, source: str) -> bool:
         for word, found in source_labels.items()
         if found - {"^"}
     )
+
+
+def _antonym_added(text_words: set[str], source_words: set[str]) -> bool:
+    """The text uses a word of an antonym group the sources use, of a family none of them uses
+    ("Likes spicy food" → "Likes mild food and dislikes spicy food")."""
+    for group in _ANTONYM_GROUPS:
+        used_text = {i for i, family in enumerate(group) if family & text_words}
+        used_sources = {i for i, family in enumerate(group) if family & source_words}
+        if used_sources and used_text - used_sources:
+            return True
+    return False
 
 
 def _antonym_swapped(text_words: set[str], source_words: set[str]) -> bool:

@@ -389,6 +389,11 @@ class TestFactChecks:
              ["Has family in London", "Flies to London monthly"], []),
             ("Goes running every morning and walks the dog in the evening",
              ["Goes running every morning", "Walks the dog in the evening"], []),
+            # an inversion that also repeats the source's word (a later review)
+            ("Likes mild food and dislikes spicy food",
+             ["Likes spicy food", "Really likes spicy food"], ["antonym"]),
+            ("Prefers evening meetings over morning meetings",
+             ["Prefers morning meetings", "Really prefers morning meetings"], ["antonym"]),
         ],
     )  # fmt: skip
     def test_unsupported_facts(self, text: str, sources: list[str], expected: list[str]):
