@@ -40,7 +40,7 @@ from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
 from gc_worker.llm import LLMBudgetExhausted, LLMInvalidAnswer, LLMUnavailable
-from jobs.llm_support import candidate_rows, deferred
+from jobs.llm_support import Refusals, candidate_rows, deferred
 
 NAME = "importance"
 REASON = "importance_assessed"
@@ -90,34 +90,40 @@ def defer_batch(batch: ScoringBatch, reason: str, **details: Any) -> Action:
     return deferred(NAME, batch.user_id, [row.id for row in batch.rows], reason, **details)
 
 
-def ask(ctx: BatchContext, batch: ScoringBatch) -> dict[str, int] | Action:
-    """The batch's validated scores, or the ``deferred`` action saying why there are none."""
+def ask(
+    ctx: BatchContext, batch: ScoringBatch, refusals: Refusals
+) -> tuple[dict[str, int] | Action, bool]:
+    """The batch's validated scores, or the ``deferred`` action saying why there are none; and
+    whether the server now counts as down for the rest of the batch."""
     ctx.stop_if_asked()
     try:
-        return ctx.llm.score_importance(batch.user_id, batch.members)
+        scores = ctx.llm.score_importance(batch.user_id, batch.members)
     except LLMInvalidAnswer as exc:
         ctx.job_stats(NAME).errors += 1
-        return defer_batch(batch, INVALID, error=exc.reason)
+        refusals.answered()
+        return defer_batch(batch, INVALID, error=exc.reason), False
     except LLMBudgetExhausted:
-        return defer_batch(batch, BUDGET)
+        return defer_batch(batch, BUDGET), True
     except LLMUnavailable as exc:
         ctx.job_stats(NAME).errors += 1
-        return defer_batch(batch, UNAVAILABLE, **({"refused": True} if exc.refused else {}))
+        return defer_batch(batch, UNAVAILABLE), refusals.down_after(exc)
+    refusals.answered()
+    return scores, False
 
 
 def plan_scoring(ctx: BatchContext, batches: Iterable[ScoringBatch]) -> list[Action]:
     """Scores per batch; after an unavailable server or a spent budget, defer without asking."""
     actions: list[Action] = []
     stop_reason = UNAVAILABLE if ctx.llm is None else None
+    refusals = Refusals()
     for batch in batches:
         if stop_reason is not None:
             actions.append(defer_batch(batch, stop_reason))
             continue
-        answer = ask(ctx, batch)
+        answer, down = ask(ctx, batch, refusals)
         if isinstance(answer, Action):
             actions.append(answer)
-            refused = answer.reason == INVALID or answer.details.get("refused", False)
-            stop_reason = None if refused else answer.reason
+            stop_reason = answer.reason if down else None
         else:
             actions += score_actions(batch, answer)
     return merge_deferred(actions)

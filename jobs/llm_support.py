@@ -36,6 +36,30 @@ STREAM_ROWS = 500  # rows fetched per round trip while streaming candidates
 T = TypeVar("T")
 
 
+# Requests refused for their content (400/413/422) in a row, with no answer between them,
+# after which the server counts as down for the rest of the batch: a gateway that answers 400
+# to everything (a misconfiguration: a response format the model does not support) is not
+# asked once per question.
+MAX_REFUSALS = 3
+
+
+@dataclass
+class Refusals:
+    """One batch's run of requests refused for their content."""
+
+    streak: int = 0
+
+    def down_after(self, exc: LLMUnavailable) -> bool:
+        """Whether this failure means the server is down (not just this request refused)."""
+        if not exc.refused:
+            return True
+        self.streak += 1
+        return self.streak >= MAX_REFUSALS
+
+    def answered(self) -> None:
+        self.streak = 0
+
+
 @dataclass(frozen=True)
 class Deferral:
     """The LLM could not be asked; the candidate group waits for a later run."""
@@ -52,6 +76,7 @@ class ModelGate:
         self.job = job
         self.stats = ctx.job_stats(job)
         self.down = False
+        self.refusals = Refusals()
 
     @property
     def offline(self) -> bool:
@@ -63,12 +88,12 @@ class ModelGate:
             return Deferral(LLM_UNAVAILABLE)
         self.ctx.stop_if_asked()
         try:
-            return question(self.llm)
+            answer = question(self.llm)
         except LLMBudgetExhausted:
             return Deferral(LLM_BUDGET)
         except LLMUnavailable as exc:
             self.stats.errors += 1
-            self.down = not exc.refused  # a request refused for its content: ask the next one
+            self.down = self.refusals.down_after(exc)  # refused for its content: ask the next
             log.error(f"{self.job}.llm_unavailable", user_id=user_id, error=str(exc))
             return Deferral(LLM_UNAVAILABLE)
         except LLMInvalidAnswer as exc:
@@ -76,7 +101,10 @@ class ModelGate:
             log.warning(
                 f"{self.job}.answer_rejected", user_id=user_id, reason=exc.reason, memories=size
             )
+            self.refusals.answered()
             return None
+        self.refusals.answered()
+        return answer
 
 
 def deferred(

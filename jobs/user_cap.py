@@ -56,7 +56,7 @@ from gc_worker.llm import (
 from gc_worker.queries import q
 from jobs.compaction_records import MERGED_SOURCE, TRUST_SOURCES
 from jobs.importance import BUDGET, INVALID, UNAVAILABLE
-from jobs.llm_support import deferred
+from jobs.llm_support import Refusals, deferred
 from jobs.text_facts import unsupported_reason
 
 NAME = "user_cap"
@@ -255,12 +255,15 @@ def summary_embedding(
 
 
 def plan_overflow(
-    ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any], stop: str | None = None
-) -> tuple[list[Action], str | None]:
+    ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any], stop: str | None = None,
+    refusals: Refusals | None = None,
+) -> tuple[list[Action], str | None]:  # fmt: skip
     """One over-cap user's actions in summarize mode, and why the model is not to be asked
     again in this batch (unavailable after its retries, budget spent), if so; ``stop``: such a
     reason from an earlier user — no retry storm against a server that is down (a request
-    refused for its own content, 400/413/422, stops nothing)."""
+    refused for its own content, 400/413/422, stops nothing until ``refusals`` says a run of
+    them means the server is down)."""
+    refusals = refusals if refusals is not None else Refusals()
     if not overflow.fold:
         return evictions(overflow.evict), stop
     if ctx.llm is None or stop is not None:
@@ -277,8 +280,14 @@ def plan_overflow(
         reason = failure_reason(ctx, exc)
         # an invalid answer, or this request refused for its content (too long: the user
         # furthest over the cap), says nothing of the next user's: ask again
-        refused = reason == INVALID or (isinstance(exc, LLMUnavailable) and exc.refused)
-        return declined(ctx, overflow, reason), None if refused else reason
+        if isinstance(exc, LLMUnavailable):
+            down = refusals.down_after(exc)
+        else:
+            down = reason != INVALID
+            if not down:
+                refusals.answered()
+        return declined(ctx, overflow, reason), reason if down else None
+    refusals.answered()
     embedding, source = summary_embedding(ctx, text, overflow.fold, full)
     record = summary_record(
         overflow.fold, full, text=text, embedding=embedding, embedding_source=source,
@@ -334,8 +343,9 @@ def plan_summaries(
     full = {row.id: row for row in ctx.conn.execute(q("user_cap_fold_rows"), {"ids": fold_ids})}
     actions: list[Action] = []
     stop: str | None = None
+    refusals = Refusals()
     for overflow in overflows:
-        planned, stop = plan_overflow(ctx, overflow, full, stop)
+        planned, stop = plan_overflow(ctx, overflow, full, stop, refusals)
         actions += planned
     return actions
 

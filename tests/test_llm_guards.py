@@ -386,3 +386,30 @@ class TestOneUsersRefusedSummaryDoesNotStopTheBatch:
         made = {a["user_id"] for a in report["actions"] if a["action"] == "create_merged"}
         deferred = {a["user_id"] for a in report["actions"] if a["action"] == "deferred"}
         assert (made, deferred) == ({"b_small"}, {"a_big"})
+
+
+class TestAGatewayRefusingEverything:
+    @pytest.mark.parametrize("job", ["user_cap", "importance"])
+    def test_is_not_asked_once_per_question_for_the_whole_batch(self, engine, make_llm, job):
+        """A 400 refuses one request for its content — but a gateway answering 400 to
+        everything (a response format the model does not support) was asked once per
+        over-cap user or importance batch, up to 500 a batch, every night (a review found
+        it). After MAX_REFUSALS in a row with no answer between, the server counts as down."""
+        from jobs.llm_support import MAX_REFUSALS
+
+        settings = Settings.model_validate(
+            {"embeddings": {"dim": TEST_DIM},
+             "user_cap": {"max_memories": 1, "overflow": "summarize"},
+             "importance": {"batch_size": 1}}
+        )  # fmt: skip
+        users = [f"u{i:02d}" for i in range(12)]
+        assessed = None if job == "importance" else days_ago(1)
+        for user in users if job == "user_cap" else users[:1]:
+            for i in range(3 if job == "user_cap" else 12):
+                add(engine, user, f"{user} memory {i}", created_at=days_ago(10 - i / 2),
+                    importance_assessed_at=assessed)  # fmt: skip
+        server = Model(lambda kind, payload: error_reply(400))
+        report = run(engine, settings, jobs=[job], llm=make_llm(server, max_retries=1))
+        deferred = [a for a in report["actions"] if a["action"] == "deferred"]
+        assert deferred and all(a["reason"] == "llm_unavailable" for a in deferred)
+        assert server.chat_requests() == MAX_REFUSALS
