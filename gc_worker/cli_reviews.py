@@ -15,6 +15,7 @@ from typing import Any
 from gc_worker import reviews
 from gc_worker.cli import Context, parse_now, parse_uuid, positive_int
 from gc_worker.errors import UsageError
+from gc_worker.render import printable
 
 
 def register(sub: Any) -> None:
@@ -84,17 +85,19 @@ def _review_id(value: str) -> int:
 
 
 def _describe(item: reviews.ReviewItem, rows: dict[Any, Any]) -> str:
+    """The item for a terminal: a store text can neither add lines (a forged member id an
+    operator might pass to --keep) nor send control or bidi characters (render.printable)."""
     head = (
-        f"#{item.id}  {item.status}  user={item.user_id}  {item.kind}  reason={item.reason}  "
-        f"{item.created_at:%Y-%m-%d %H:%M}"
+        f"#{item.id}  {item.status}  user={printable(item.user_id)}  {printable(item.kind)}  "
+        f"reason={printable(item.reason)}  {item.created_at:%Y-%m-%d %H:%M}"
     )
     if item.resolution:
-        head += f"  resolution={item.resolution.get('decision')}"
+        head += f"  resolution={printable(str(item.resolution.get('decision')))}"
     lines = [head]
     for memory_id in item.memory_ids:
         row = rows.get(memory_id)
-        state, text = (row.status, row.preview) if row is not None else ("purged", "")
-        lines.append(f"    {memory_id}  [{state}]  {text}")
+        state, text = (row.status, row.preview or "") if row is not None else ("purged", "")
+        lines.append(f"    {memory_id}  [{state}]  {printable(text)}")
     return "\n".join(lines)
 
 

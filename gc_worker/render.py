@@ -38,6 +38,21 @@ SAMPLE_HEADERS = ["memory", "user", "reason", "content", "details"]
 _SUFFIXES = {".json": "json", ".md": "md", ".markdown": "md", ".html": "html", ".htm": "html"}
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 _LIST_KEYS = ("content", "memory_ids")  # details shown in their own columns
+# What must not reach a person's terminal or viewer from the store: control characters (ESC
+# sequences drive a terminal; NUL, BEL) and the bidi controls that reorder what is shown.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Markdown punctuation a store text could use to make links, images or markup of its own.
+_MD_PUNCTUATION = re.compile(r"([\\`*_\[\]()!#~&])")
+
+
+class Stored(str):
+    """A text from the store (memory content, a user id, a detail value): shown, never
+    interpreted — Markdown escapes its punctuation too."""
+
+
+def printable(text: str) -> str:
+    """``text`` on one line, whitespace collapsed, control and bidi characters shown as �."""
+    return _UNPRINTABLE.sub("\ufffd", " ".join(text.split()))
 
 
 # -- entry points ---------------------------------------------------------------------------
@@ -86,7 +101,7 @@ def _header_rows(report: Report) -> list[tuple[str, Any]]:
         *((label, report[key]) for label, key in optional if report.get(key) is not None),
         ("Now", report.get("now")),
         ("Duration", _duration(report)),
-        ("Users", _limited(scope.get("users"), 10) if scope.get("users") else "all"),
+        ("Users", Stored(_limited(scope.get("users"), 10)) if scope.get("users") else "all"),
         ("Jobs", ", ".join(scope.get("jobs") or []) or "—"),
         *([("Score pass", _score_pass(report["score_pass"]))] if report.get("score_pass") else []),
     ]
@@ -152,7 +167,9 @@ def _per_user(report: Report) -> Mapping[str, Mapping[str, Any]]:
 def _user_rows(report: Report) -> tuple[Rows, int]:
     stats = _per_user(report).items()
     ranked = sorted(stats, key=lambda kv: (-kv[1].get("actions", 0), str(kv[0])))
-    rows = [[user, s.get("actions", 0), _counts_text(s.get("by_action"))] for user, s in ranked]
+    rows = [
+        [_stored(user), s.get("actions", 0), _counts_text(s.get("by_action"))] for user, s in ranked
+    ]
     return rows[:TOP_USERS], max(0, len(rows) - TOP_USERS)
 
 
@@ -177,7 +194,7 @@ def _sample_row(action: Mapping[str, Any]) -> list[Any]:
     details = action.get("details") or {}
     return [
         _short_id(action.get("memory_id")),
-        action.get("user_id"),
+        _stored(action.get("user_id")),
         action.get("reason"),
         _preview(details.get("content")),
         _details_text(details),
@@ -189,7 +206,7 @@ def _deferred_rows(report: Report) -> tuple[Rows, int]:
     rows = [
         [
             a.get("job"),
-            a.get("user_id"),
+            _stored(a.get("user_id")),
             a.get("reason"),
             _id_list((a.get("details") or {}).get("memory_ids") or []),
         ]
@@ -210,7 +227,11 @@ def _text(value: Any) -> str:
         return "—"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    return str(value)
+    return printable(str(value))
+
+
+def _stored(value: Any) -> Stored | None:
+    return None if value is None else Stored(value)
 
 
 def _counts_text(counts: Mapping[str, int] | None) -> str:
@@ -226,12 +247,12 @@ def _preview(content: Any) -> str:
     if content is None:
         return "—"
     text = " ".join(str(content).split())
-    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+    return Stored(text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…")
 
 
 def _details_text(details: Mapping[str, Any]) -> str:
     shown = [f"{k}={_clipped(_short_id(v))}" for k, v in details.items() if k not in _LIST_KEYS]
-    return ", ".join(shown) or "—"
+    return Stored(", ".join(shown)) if shown else "—"
 
 
 def _clipped(text: str) -> str:
@@ -271,7 +292,9 @@ def render_markdown(report: Report) -> str:
 
 
 def _md(value: Any) -> str:
-    text = re.sub(r"\r\n|\r|\n", " ", _text(value))
+    text = _text(value)  # one line, nothing a terminal would act on
+    if isinstance(value, Stored):  # no links, images or markup from the store
+        text = _MD_PUNCTUATION.sub(r"\\\1", text)
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
