@@ -13,7 +13,7 @@ from typing import Any
 from gc_worker import engine as gc_engine
 from gc_worker import render, schema
 from gc_worker.cli import Context, parse_now, parse_uuid, positive_int, progress, write_reports
-from gc_worker.errors import RunFailed, UsageError
+from gc_worker.errors import MemoryGCError, RunFailed, UsageError
 from gc_worker.report import build_report
 
 # Subcommands that live with their capability (each module has ``register(sub)``).
@@ -171,14 +171,12 @@ def _check_report_path(path: Path, option: str = "--report") -> None:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     try:
-        if path.exists():  # an existing file is rewritten in place: only it must be writable
-            if not os.access(path, os.W_OK):
-                raise PermissionError("the file is not writable")
-        elif not folder.is_dir():
+        if path.exists() and not os.access(path, os.W_OK):
+            raise PermissionError("the file is not writable")
+        if not folder.is_dir():
             raise NotADirectoryError(f"{folder} is not a folder")
-        else:
-            with tempfile.TemporaryFile(dir=folder):
-                pass
+        with tempfile.TemporaryFile(dir=folder):  # a report is written beside, then renamed
+            pass
     except OSError as exc:
         raise UsageError(
             f"{option} {path} cannot be written ({exc.strerror or exc}); "
@@ -210,8 +208,15 @@ def cmd_report(args: argparse.Namespace, ctx: Context) -> int:
         report = build_report(conn, run_id, plan_age_limit_hours=ctx.settings.plan_age_limit_hours)
         text = render.render(report, fmt)
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text, encoding="utf-8")
+        from gc_worker.report import write_whole
+
+        try:
+            write_whole(args.output, text)
+        except OSError as exc:  # checked before; the disk may still fill up or vanish
+            raise MemoryGCError(
+                f"could not write --output {args.output} ({exc.strerror or exc}); "
+                "nothing was changed there"
+            ) from None
         print(f"report: {args.output}")
     else:
         sys.stdout.write(text + "\n")

@@ -7,7 +7,11 @@ Rendering to Markdown / HTML lives in gc_worker.render.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 import sys
+import tempfile
 from collections import Counter, defaultdict
 from datetime import datetime
 from pathlib import Path
@@ -176,9 +180,33 @@ def llm_totals(conn: Connection, run_id: UUID) -> dict[str, int]:
 def write_report(report: dict[str, Any], path: Path, fmt: str | None = None) -> Path:
     """Render ``report`` to ``path`` in ``fmt`` (default: from the path's suffix)."""
     fmt = fmt or render.format_for_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render.render(report, fmt), encoding="utf-8")
+    write_whole(path, render.render(report, fmt))
     return path
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a full disk, a quota): into a temporary
+    file beside it, then renamed over it; a report already there stays until then. The new
+    file keeps the old one's permissions, or gets the usual ones (0666 less the umask)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, stat.S_IMODE(path.stat().st_mode) if path.exists() else _file_mode())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _file_mode() -> int:
+    umask = os.umask(0o022)  # read it (the only way), then put it back
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -4,7 +4,11 @@ reproduced; each failed before its fix)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+import resource
+import signal
 
 from gc_worker import render
 from gc_worker.cli import main
@@ -62,3 +66,81 @@ class TestMarkdownInjection:
         md = render.render(report, "md")
         assert "attacker.example" in md  # the preview is shown…
         assert not re.search(r"(?<!\\)!?(?<!\\)\[[^\]]*(?<!\\)\]\(", md), md  # …but no link/image
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int):
+    """Writes past ``limit`` bytes fail with EFBIG (a full disk or quota, reproducibly)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def _seed_many(engine, n: int = 80) -> None:
+    for i in range(n):
+        add(engine, f"user-{i % 7}", f"expired fact number {i} " + "x" * 150,
+            expires_at=days_ago(1))  # fmt: skip
+
+
+class TestReportFilesAreAtomic:
+    LIMIT = 16_384
+
+    def test_run_report_is_never_left_half_written(self, engine, cli_env, tmp_path, capsys):
+        """`run --report` writes the file in place: when the write fails part-way (disk full,
+        quota) a truncated, unparseable JSON file stays at PATH."""
+        _seed_many(engine)
+        path = tmp_path / "plan.json"
+        with _file_size_limit(self.LIMIT):
+            code = main(["run", "--dry-run", "--now", NOW_ARG, "--report", str(path)])
+        capsys.readouterr()
+        assert code == 1  # "the run is done but its report could not be written"
+        if path.exists():  # nothing, or a whole report: never half of one
+            json.loads(path.read_text())
+
+    def test_report_output_keeps_the_previous_file_and_fails_in_one_line(
+        self, engine, cli_env, tmp_path, capsys
+    ):
+        """`report RUN --output PATH` over an existing report: a failing write truncates the
+        good file, and the OSError escapes main() as a traceback instead of one line + exit 1."""
+        _seed_many(engine)
+        path = tmp_path / "plan.json"
+        assert main(["run", "--dry-run", "--now", NOW_ARG, "--report", str(path)]) == 0
+        run_id = _run_id(capsys.readouterr().out)
+        good = path.read_text()
+        assert len(good.encode()) > self.LIMIT
+        with _file_size_limit(self.LIMIT):
+            try:
+                code = main(["report", run_id, "--output", str(path)])
+            except OSError as exc:  # escaped main(): the user sees a traceback
+                code = f"traceback: {exc!r}"
+        err = capsys.readouterr().err
+        assert code == 1 and err.count("\n") == 1, (code, err)
+        assert path.read_text() == good, f"previous report clobbered ({path.stat().st_size} B)"
+
+
+def test_a_report_rewritten_keeps_its_permissions_and_leaves_no_temporary_file(tmp_path):
+    """The whole-or-nothing write renames a temporary file over the report: the report keeps
+    the mode it had (a new one gets 0666 less the umask, as before), and nothing is left
+    beside it, also when the write fails."""
+    import os
+    import stat
+
+    from gc_worker.report import write_whole
+
+    path = tmp_path / "plan.md"
+    write_whole(path, "first")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    path.chmod(0o640)
+    write_whole(path, "second")
+    assert path.read_text() == "second" and stat.S_IMODE(path.stat().st_mode) == 0o640
+    with _file_size_limit(8), contextlib.suppress(OSError):
+        write_whole(path, "x" * 64)
+    assert path.read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.md"]
