@@ -33,6 +33,11 @@ TOP_USERS = 50
 DEFERRED_GROUPS = 20
 PREVIEW_CHARS = 120
 NOTHING_TO_DO = "Nothing to do — no memory needed a change."
+ALL_DRIFTED = (
+    "Nothing applied — {n:,} planned change(s) skipped: the application changed those rows "
+    "since they were planned (drifted, below)."
+)
+DRIFTED_HEADERS = ["memory", "user", "job", "action", "reason", "content"]
 SAMPLE_HEADERS = ["memory", "user", "reason", "content", "details"]
 
 _SUFFIXES = {".json": "json", ".md": "md", ".markdown": "md", ".html": "html", ".htm": "html"}
@@ -201,6 +206,29 @@ def _sample_row(action: Mapping[str, Any]) -> list[Any]:
     ]
 
 
+def _drifted_rows(report: Report) -> tuple[Rows, int]:
+    """Planned changes skipped because the application changed their rows since."""
+    drifted = report.get("drifted") or []
+    rows = [
+        [
+            _short_id(a.get("memory_id")),
+            _stored(a.get("user_id")),
+            a.get("job"),
+            a.get("action"),
+            a.get("reason"),
+            _preview((a.get("details") or {}).get("content")),
+        ]
+        for a in drifted[:DEFERRED_GROUPS]
+    ]
+    return rows, max(0, len(drifted) - DEFERRED_GROUPS)
+
+
+def _empty_totals(report: Report) -> str:
+    """What the totals say when nothing was applied (or planned)."""
+    drifted = len(report.get("drifted") or [])
+    return ALL_DRIFTED.format(n=drifted) if drifted else NOTHING_TO_DO
+
+
 def _deferred_rows(report: Report) -> tuple[Rows, int]:
     groups = [a for a in _actions(report) if a.get("action") == "deferred"]
     rows = [
@@ -287,6 +315,13 @@ def render_markdown(report: Report) -> str:
     blocks += ["## Totals", _md_totals(report), "## Jobs", _md_table(*_job_table(report))]
     if _actions(report):
         blocks += _md_details(report)
+    drifted, more_drifted = _drifted_rows(report)
+    if drifted:
+        blocks += [
+            "## Drifted (skipped: changed since the plan)",
+            _md_table(DRIFTED_HEADERS, drifted),
+            _more_note(more_drifted, "drifted"),
+        ]
     blocks += ["## LLM usage", _md_table(["metric", "count"], _llm_rows(report))]
     return "\n\n".join(block for block in blocks if block) + "\n"
 
@@ -382,7 +417,7 @@ def _md_banner(report: Report) -> str:
 
 def _md_totals(report: Report) -> str:
     if not _total_actions(report):
-        return NOTHING_TO_DO
+        return _md(_empty_totals(report))
     return f"**{_total_actions(report):,} actions**\n\n" + _md_table(
         ["action", "count"], _total_rows(report)
     )

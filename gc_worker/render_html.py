@@ -8,12 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from gc_worker.render import (
-    NOTHING_TO_DO,
+    DRIFTED_HEADERS,
     SAMPLE_HEADERS,
     Report,
     Rows,
     _actions,
     _deferred_rows,
+    _drifted_rows,
+    _empty_totals,
     _header_rows,
     _job_table,
     _llm_rows,
@@ -49,6 +51,13 @@ def render_html(report: Report) -> str:
     ]
     if _actions(report):
         body += _h_details(report)
+    drifted, more_drifted = _drifted_rows(report)
+    if drifted:
+        body += [
+            "<h2>Drifted <small>skipped: changed since the plan</small></h2>",
+            _h_table(DRIFTED_HEADERS, drifted),
+            _h_note(_more_note(more_drifted, "drifted")),
+        ]
     body += ["<h2>LLM usage</h2>", _h_cards(_llm_rows(report))]
     return _PAGE.format(
         title=_e(f"memory-gc report {_text(report.get('run_id'))}"),
@@ -86,7 +95,7 @@ def _h_cards(rows: Rows, lead: tuple[str, int] | None = None) -> str:
 
 def _h_totals(report: Report) -> str:
     if not _total_actions(report):
-        return f'<p class="empty">{_e(NOTHING_TO_DO)}</p>'
+        return f'<p class="empty">{_e(_empty_totals(report))}</p>'
     return _h_cards(_total_rows(report), lead=("actions in all", _total_actions(report)))
 
 

@@ -12,7 +12,8 @@ import signal
 
 from gc_worker import render
 from gc_worker.cli import main
-from tests.store import NOW, add, days_ago, run
+from gc_worker.report import build_report
+from tests.store import NOW, add, days_ago, execute, run
 
 NOW_ARG = NOW.isoformat()
 
@@ -144,3 +145,26 @@ def test_a_report_rewritten_keeps_its_permissions_and_leaves_no_temporary_file(t
         write_whole(path, "x" * 64)
     assert path.read_text() == "second"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.md"]
+
+
+class TestOnlyDriftedRun:
+    def test_markdown_and_html_do_not_say_nothing_to_do(self, engine, cli_env, capsys):
+        """A dry run plans to expire a memory; the application edits it before the apply, so the
+        apply skips it (drifted). The JSON lists the drifted row; Markdown and HTML claim that
+        no memory needed a change and never name the skipped row."""
+        expired = add(engine, "u1", "expired fact", expires_at=days_ago(1))
+        assert main(["run", "--dry-run", "--job", "ttl_expiry", "--now", NOW_ARG]) == 0
+        plan_id = _run_id(capsys.readouterr().out)
+        execute(engine, "UPDATE memories SET content = 'edited by the app' WHERE id = :id",
+                id=expired)  # fmt: skip
+        assert main(["apply", plan_id]) == 0
+        out = capsys.readouterr().out
+        assert "1 drifted" in out  # the summary line knows
+        apply_id = _run_id(out)
+        with engine.connect() as conn:
+            report = build_report(conn, apply_id)
+        assert [a["memory_id"] for a in report["drifted"]] == [str(expired)]
+        for fmt in ("md", "html"):
+            text = render.render(report, fmt)
+            assert render.NOTHING_TO_DO not in text, fmt  # false: a change was needed, skipped
+            assert str(expired)[:8] in text, fmt  # the skipped memory is named somewhere
