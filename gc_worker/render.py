@@ -389,7 +389,11 @@ def banner(report: Report) -> tuple[str, str, str]:
         finish = f"; `memory-gc apply {plan}` finishes it" if plan and _pending(report) else ""
         if finish and (too_old := _too_old(report)):
             finish = f". {too_old} A new plan (`memory-gc run --dry-run`) does the rest"
-        undo = f"`memory-gc restore --run {run_id}` undoes it{finish}."
+        undo = (
+            f"`memory-gc restore --run {run_id}` undoes it{finish}."
+            if report.get("restorable", 1)
+            else f"nothing of it is left to undo{finish}."
+        )
         failed = report.get("failed_batches") or []
         users = sum(len(b.get("users", ())) for b in failed)
         given_up = (
@@ -402,6 +406,15 @@ def banner(report: Report) -> tuple[str, str, str]:
             "incomplete",
             f"Not complete — {status}.",
             f"What it applied so far is listed and stays; {undo}{given_up}",
+        )
+    if not report.get("restorable", 1):  # (reports without the field: assume there is)
+        undone = report.get("restored")
+        return (
+            "applied",
+            "Applied, then restored." if undone else "Applied.",
+            "A restore undid what it could; nothing of it is left to undo."
+            if undone
+            else "Nothing it did can be undone (purges and erasures are not).",
         )
     return (
         "applied",

@@ -46,10 +46,13 @@ def build_report(
     by_action: Counter[str] = Counter()
     # streamed (server-side cursor): a run with 100,000s of actions is never held twice
     rows = conn.execute(q("run_actions"), {"run_id": run_id}, execution_options=STREAM)
+    restorable = restored = 0
     for row in rows:
         if row.outcome == "drifted":
             drifted.append(_action_entry(row))
             continue
+        restorable += _restorable(row)
+        restored += row.outcome == "restored"
         _count(row, job_rows)
         users[row.user_id][row.action] += 1
         by_action[row.action] += 1
@@ -71,7 +74,7 @@ def build_report(
         "finished_at": _iso(run["finished_at"]),
         "plan_run_id": _str(run["plan_run_id"]),
         "applied_by": _str(run["applied_by"]),
-        "scope": {"users": run["users"], "jobs": list(run["jobs"])},
+        "scope": {"users": run["users"], "jobs": list(run["jobs"]) or sorted(job_rows)},
         "totals": {"actions": by_action.total(), "by_action": dict(sorted(by_action.items()))},
         "jobs": job_rows,
         "per_user": _per_user(users),
@@ -86,7 +89,23 @@ def build_report(
             else None
         ),
         "plan_age": _plan_age(conn, run, plan_age_limit_hours),
+        # what `restore --run` would still undo, and what a restore already undid
+        "restorable": restorable,
+        "restored": restored,
     }
+
+
+# what `restore --run` undoes (sql/restore.sql restorable_actions): never an erasure
+RESTORABLE_ACTIONS = frozenset({"soft_delete", "obsolete", "merge", "create_merged",
+                                "set_importance"})  # fmt: skip
+
+
+def _restorable(row: Any) -> bool:
+    return (
+        row.outcome == "applied"
+        and row.action in RESTORABLE_ACTIONS
+        and not str(row.reason).startswith("erasure")
+    )
 
 
 def _plan_age(
@@ -120,17 +139,19 @@ def _shown_status(conn: Connection, run: dict[str, Any]) -> str:
     return shown.status if shown is not None else run["status"]
 
 
+def _job_row() -> dict[str, Any]:
+    """A job's counters as DESIGN.md section 5 lists them, and this worker's extras."""
+    return {"actions": 0, "by_action": {}, "skipped": 0, "errors": 0, "llm_calls": 0,
+            "refreshed": 0, "drifted": 0}  # fmt: skip
+
+
 def _job_counters(conn: Connection, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    rows = {
-        job: {"actions": 0, "by_action": {}, "skipped": 0, "errors": 0, "llm_calls": 0,
-              "refreshed": 0, "drifted": 0}
-        for job in run["jobs"]
-    }  # fmt: skip
+    rows = {job: _job_row() for job in run["jobs"]}
     for (stats,) in conn.execute(q("run_batch_stats"), {"run_id": run["id"]}):
         for job, counters in stats.items():
             if job.startswith("_"):
                 continue
-            row = rows.setdefault(job, {"actions": 0, "by_action": {}, "skipped": 0})
+            row = rows.setdefault(job, _job_row())
             for key, value in counters.items():
                 row[key] = row.get(key, 0) + value
     if run.get("scores_refreshed") and "decay" in rows:  # its score pass (gc_worker.score_pass)
@@ -141,7 +162,7 @@ def _job_counters(conn: Connection, run: dict[str, Any]) -> dict[str, dict[str, 
 
 
 def _count(action: Any, job_rows: dict[str, dict[str, Any]]) -> None:
-    row = job_rows.setdefault(action.job, {"actions": 0, "by_action": {}, "skipped": 0})
+    row = job_rows.setdefault(action.job, _job_row())
     row["actions"] += 1
     row["by_action"][action.action] = row["by_action"].get(action.action, 0) + 1
 

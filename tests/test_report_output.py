@@ -168,3 +168,44 @@ class TestOnlyDriftedRun:
             text = render.render(report, fmt)
             assert render.NOTHING_TO_DO not in text, fmt  # false: a change was needed, skipped
             assert str(expired)[:8] in text, fmt  # the skipped memory is named somewhere
+
+
+class TestRestoredApplyRun:
+    def test_banner_does_not_suggest_a_restore_that_is_refused(self, engine, cli_env, capsys):
+        """After `restore --run APPLY`, the apply run's report still tells the operator to run
+        `memory-gc restore --run APPLY` — which is then refused (exit 2, "already restored").
+        README: the banner "suggests only a command that works for it"."""
+        add(engine, "u1", "expired fact", expires_at=days_ago(1))
+        assert main(["run", "--job", "ttl_expiry", "--now", NOW_ARG]) == 0
+        apply_id = _run_id(capsys.readouterr().out)
+        assert main(["restore", "--run", apply_id]) == 0
+        assert "1 restored" in capsys.readouterr().out
+
+        assert main(["report", apply_id, "--format", "md"]) == 0
+        md = capsys.readouterr().out
+        suggested = re.findall(r"`memory-gc (restore --run \S+)`", md)
+        for command in suggested:  # every command the report suggests must work
+            code = main(command.split())
+            err = capsys.readouterr().err
+            assert code == 0, f"report suggests `memory-gc {command}`; it exits {code}: {err}"
+
+
+class TestRestoreRunReport:
+    CONTRACT_JOB_KEYS = {"actions", "by_action", "skipped", "errors", "llm_calls"}
+
+    def test_jobs_section_follows_the_contract(self, engine, cli_env, capsys):
+        """A restore run stores jobs = [] and has no batches: its report's `jobs` entries are
+        made up from the actions with only actions/by_action/skipped — `errors` and
+        `llm_calls` (DESIGN.md §5) are missing, and scope.jobs ([]) does not name the job
+        that `jobs` and `actions` report on."""
+        add(engine, "u1", "expired fact", expires_at=days_ago(1))
+        assert main(["run", "--job", "ttl_expiry", "--now", NOW_ARG]) == 0
+        apply_id = _run_id(capsys.readouterr().out)
+        assert main(["restore", "--run", apply_id]) == 0
+        restore_id = capsys.readouterr().out.split("restore run ", 1)[1].split(":", 1)[0]
+        assert main(["report", restore_id]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["kind"] == "restore" and report["totals"]["actions"] == 1
+        for name, job in report["jobs"].items():
+            assert set(job) >= self.CONTRACT_JOB_KEYS, (name, job)
+        assert set(report["jobs"]) <= set(report["scope"]["jobs"]), report["scope"]
