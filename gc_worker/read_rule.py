@@ -15,10 +15,14 @@ Python twin is ``current_memories``. A memory is current at ``at`` when all of t
    not expired (``expires_at`` null or after ``at``).
 4. Not shadowed: no other row current at ``at`` that declares it in ``supersedes`` and is at
    least as trusted (a temporary override shadows what it overrides only inside its window).
+   An open-ended declaration replaces its target for good: the target leaves its slot's
+   ranking. A temporary override only hides it: the target keeps its slot while hidden, so
+   the value it replaced does not come back in its place.
 5. One per slot (per user, whatever the scope; migration 0009 undid 0008's per-scope ranking):
-   among the rows of one ``slot``, the most trusted wins, then a bounded override (one with
-   ``valid_until``) over an open-ended one, then the newest start, ``observed_at``,
-   ``created_at``, and the higher id (jobs.contradiction_rules.recency's order).
+   among the rows of one ``slot``, the most trusted wins, then a bounded override (one with a
+   ``valid_until`` of its own — not one the worker closed at its replacement) over an
+   open-ended one, then the newest start, ``observed_at``, ``created_at``, and the higher id
+   (jobs.contradiction_rules.recency's order).
 
 ``scope=None`` means every scope; a scope filters what the rules leave (a scoped read is a
 subset of the unscoped one). Rows come back most important first, then newest.

@@ -362,3 +362,55 @@ class TestScopesTiesAndScale:
 
         assert plan[0]["Plan"]["Actual Rows"] == 3000
         assert removed(plan[0]["Plan"]) < 30_000  # linear; the nested loop threw 9,000,000
+
+
+class TestTheReadDoesNotFlipWhenTheJobRuns:
+    """What the read returns for one question must not change when the contradiction job runs
+    and nothing new was learnt (cases a differential review found; each failed before)."""
+
+    def test_a_past_read_does_not_flip_when_the_job_closes_replaced_slot_values(
+        self, engine, settings
+    ):
+        """Slot `workplace`, all from the user: an open value (30 days old), a bounded override
+        (from 20 days ago, still running for 10 days), a newer open value (10 days old) and the
+        newest open value (5 days old, the holder). Asked about 7 days ago, the read shows the
+        override (a bounded override beats open-ended values). The contradiction job then
+        obsoletes the two older open values (slot_replaced), closing their valid_until at the
+        holder's start — and from then on the same question is answered with the 10-day-old value:
+        the worker-written valid_until makes a replaced value rank as a "bounded override"."""
+        add(engine, "u1", "Works from the office", slot="workplace", created_at=days_ago(30))
+        override = add(engine, "u1", "Works from the beach until further notice", slot="workplace",
+                       created_at=days_ago(20), valid_from=days_ago(20),
+                       valid_until=days_ago(-10))  # fmt: skip
+        replaced = add(engine, "u1", "Works from home", slot="workplace", created_at=days_ago(10))
+        add(engine, "u1", "Works from the cafe", slot="workplace", created_at=days_ago(5))
+        asked = days_ago(7)
+        before = [r["content"] for r in current_memories(engine, "u1", None, asked)]
+        assert before == ["Works from the beach until further notice"]
+        run(engine, settings, jobs=["contradiction"])
+        assert status(engine, replaced) == "obsolete"  # slot_replaced, valid_until = 5 days ago
+        assert status(engine, override) == "active"  # still in its window: the job leaves it
+        after = [r["content"] for r in current_memories(engine, "u1", None, asked)]
+        assert after == before
+
+    def test_shadowing_a_slots_holder_does_not_bring_back_the_value_it_replaced(
+        self, engine, settings
+    ):
+        """Slot `city`: "Lives in Paris" (300 days old), then "Lives in Berlin" (10 days old); a
+        temporary override without a slot, "Staying in Rome this month", declares Berlin in
+        `supersedes`. The read shadows Berlin and then ranks the slot among what is left — so it
+        shows Paris, the value Berlin replaced. Once the contradiction job runs it obsoletes Paris
+        (slot_replaced, closed at Berlin's start) and the same read at the same instant no longer
+        shows it: the read flips when the job runs."""
+        paris = add(engine, "u1", "Lives in Paris", slot="city", created_at=days_ago(300))
+        berlin = add(engine, "u1", "Lives in Berlin", slot="city", created_at=days_ago(10))
+        add(engine, "u1", "Staying in Rome this month", created_at=days_ago(2),
+            valid_from=days_ago(2), valid_until=days_ago(-28), supersedes=[berlin])  # fmt: skip
+        at = days_ago(0)
+        before = sorted(r["content"] for r in current_memories(engine, "u1", None, at))
+        run(engine, settings, jobs=["contradiction"])
+        assert status(engine, paris) == "obsolete"  # slot_replaced, closed at Berlin's start
+        assert status(engine, berlin) == "active"  # an override shadows, it does not supersede
+        after = sorted(r["content"] for r in current_memories(engine, "u1", None, at))
+        assert after == ["Staying in Rome this month"]
+        assert before == after

@@ -20,6 +20,14 @@ The shadow check compared every live row of the user with every other (a nested 
 for a user with 8,000 rows); the declarations now meet the rows they name in one sort (a window
 over rows and declarations by id), with no join the planner could make a nested loop of.
 
+A "bounded" slot value (a temporary override, ranked before open-ended ones) is one whose own
+``valid_until`` is set, not one whose window the worker closed at its replacement (from the
+audit's prior state): a replaced value closed by the contradiction job outranked the real
+override in reads of the past once the job ran. A slot's holder hidden by a temporary override
+(declared in its ``supersedes``) keeps its slot while hidden: the value it replaced does not come
+back in its place (the job obsoletes that one anyway); an open-ended declaration replaces for
+good and takes the row out of its slot's ranking.
+
 A record the worker derived (a merge, a summary) counts as known from the instant of the run
 that wrote it (its ``create_merged`` audit row), not from its ``updated_at``: an application
 edit of the record moved that, and a read as known between the merge and the edit lost the
@@ -58,7 +66,11 @@ WITH seen AS (
            memory_gc_trust(m.source, m.metadata) AS trust,
            CASE WHEN later.changed THEN 'active' ELSE m.status END AS status_then,
            CASE WHEN later.changed AND prior.found THEN prior.valid_until
-                ELSE m.valid_until END AS ends
+                ELSE m.valid_until END AS ends,
+           -- bounded by its own window (a temporary override), not by the one the worker
+           -- closed at its replacement's start
+           CASE WHEN prior.found THEN prior.valid_until IS NOT NULL
+                ELSE m.valid_until IS NOT NULL END AS bounded
     FROM memories m
     CROSS JOIN LATERAL (
         SELECT coalesce(p_known_at IS NOT NULL AND m.status_changed_at > p_known_at, false)
@@ -67,7 +79,9 @@ WITH seen AS (
     LEFT JOIN LATERAL (
         SELECT true AS found, (a.prior ->> 'valid_until')::timestamptz AS valid_until
         FROM gc_actions a
-        WHERE later.changed AND a.memory_id = m.id AND a.outcome = 'applied'
+        WHERE (later.changed
+               OR (m.status = 'obsolete' AND m.status_reason IN ({closed_reasons})))
+          AND a.memory_id = m.id AND a.outcome = 'applied'
           AND a.action IN ('obsolete', 'merge') AND a.prior IS NOT NULL
         ORDER BY a.id DESC
         LIMIT 1
@@ -91,40 +105,55 @@ live AS MATERIALIZED (
       AND (ends IS NULL OR p_at < ends)
       AND ((mem).expires_at IS NULL OR p_at < (mem).expires_at)
 ),
-marks AS (  -- each live row, and each declaration naming one (with the declarer's trust)
-    SELECT l.id, true AS is_row, l.trust, NULL::integer AS by_trust, l AS row FROM live l
+marks AS (  -- each live row, and each declaration naming one (with the declarer's trust, and
+            -- whether the declarer is a temporary override)
+    SELECT l.id, true AS is_row, l.trust, NULL::integer AS by_trust,
+           NULL::boolean AS by_bounded, l AS row
+    FROM live l
     UNION ALL
-    SELECT s.id, false, NULL, o.trust, NULL
+    SELECT s.id, false, NULL, o.trust, o.bounded, NULL
     FROM live o CROSS JOIN LATERAL unnest(o.supersedes) AS s(id)
     WHERE cardinality(o.supersedes) > 0 AND s.id <> o.id
 ),
 judged AS (  -- one sort, whatever the planner estimates (a join of live with itself became a
              -- nested loop, rescanning live per declaring row, when it thought live small)
-    SELECT is_row, row, trust, max(by_trust) OVER (PARTITION BY id) AS declarer_trust
+    SELECT is_row, row, trust,
+           max(by_trust) FILTER (WHERE NOT by_bounded) OVER (PARTITION BY id) AS replacer_trust,
+           max(by_trust) FILTER (WHERE by_bounded) OVER (PARTITION BY id) AS override_trust
     FROM marks
 ),
-unshadowed AS (  -- not declared superseded by a live row at least as trusted
-    SELECT (row).* FROM judged
-    WHERE is_row AND (declarer_trust IS NULL OR declarer_trust < trust)
+ranked AS (  -- replaced for good by an open-ended declarer at least as trusted: out of its
+             -- slot; shadowed by a temporary override: still its slot's holder, hidden while
+             -- the override runs (the value it replaced does not come back)
+    SELECT (row).*, coalesce(override_trust >= trust, false) AS overridden
+    FROM judged
+    WHERE is_row AND coalesce(replacer_trust < trust, true)
 ),
 shown AS (
     SELECT l.*, row_number() OVER (
         PARTITION BY l.slot
-        ORDER BY l.trust DESC, (l.ends IS NOT NULL) DESC, l.starts DESC, l.observed_at DESC,
+        ORDER BY l.trust DESC, l.bounded DESC, l.starts DESC, l.observed_at DESC,
                  l.created_at DESC, l.id DESC
     ) AS slot_rank
-    FROM unshadowed l
+    FROM ranked l
 )
 SELECT (mem).* FROM shown
-WHERE (slot IS NULL OR slot_rank = 1) AND (p_scope IS NULL OR scope = p_scope)
+WHERE NOT overridden AND (slot IS NULL OR slot_rank = 1)
+  AND (p_scope IS NULL OR scope = p_scope)
 ORDER BY (mem).importance DESC, starts DESC, id
 $fn$
 """
 
 
+# Obsolete reasons for which the worker closed the row's window at its replacement's start.
+CLOSED_REASONS = "'superseded', 'slot_replaced', 'contradicted', 'review_superseded'"
+
+
 def upgrade() -> None:
     reasons = _migration_0005().SUPERSESSION_REASONS
-    op.execute(CURRENT_FUNCTION.replace("{reasons}", reasons))
+    op.execute(
+        CURRENT_FUNCTION.replace("{reasons}", reasons).replace("{closed_reasons}", CLOSED_REASONS)
+    )
 
 
 def downgrade() -> None:
