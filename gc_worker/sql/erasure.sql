@@ -102,9 +102,11 @@ WHERE a.user_id = ANY(:owners)
        OR EXISTS (SELECT 1 FROM unnest(CAST(:id_texts AS text[])) AS i(t)
                   WHERE strpos(CAST(a.details AS text), i.t) > 0)
        -- a preview or merged text stating erased content, which no id names (an exact twin
-       -- the application deleted): its hash is a new tombstone's, which only rows of the
-       -- tombstone's user can match
+       -- the application deleted: its row is gone): its hash is a new tombstone's, which only
+       -- rows of the tombstone's user can match. A stored row's own audit stays as it is (it
+       -- is erased by id if it states the content; restore reads its record)
        OR (a.user_id = ANY(:hash_owners)
+           AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = a.memory_id)
            AND (memory_gc_content_hash(a.user_id, a.content_preview) = ANY(:hashes)
                 OR memory_gc_content_hash(a.user_id, a.details -> 'record' ->> 'content')
                    = ANY(:hashes))))
