@@ -146,10 +146,9 @@ def _about_changed_rows(conn: Connection, actions: Sequence[Action]) -> set[int]
     stale plan applied after a "forget me" would otherwise queue the erased ids for review
     again, and a question about two users' rows must never be asked (its resolution would
     obsolete one user's memory in favour of another's)."""
-    created = {a.memory_id for a in actions if a.action is Kind.CREATE_MERGED}  # not yet stored
     named = {
         id(a): (a.user_id, ({UUID(str(m)) for m in a.details.get("memory_ids", ())}
-                            | {a.memory_id}) - {None} - created)
+                            | {a.memory_id}) - {None})
         for a in actions
         if a.action in (Kind.REVIEW, Kind.DEFERRED)
     }  # fmt: skip

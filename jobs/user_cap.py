@@ -255,15 +255,14 @@ def summary_embedding(
 
 
 def plan_overflow(
-    ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any], stop: str | None = None,
-    refusals: Refusals | None = None,
+    ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any], stop: str | None,
+    refusals: Refusals,
 ) -> tuple[list[Action], str | None]:  # fmt: skip
     """One over-cap user's actions in summarize mode, and why the model is not to be asked
     again in this batch (unavailable after its retries, budget spent), if so; ``stop``: such a
     reason from an earlier user — no retry storm against a server that is down (a request
     refused for its own content, 400/413/422, stops nothing until ``refusals`` says a run of
     them means the server is down)."""
-    refusals = refusals if refusals is not None else Refusals()
     if not overflow.fold:
         return evictions(overflow.evict), stop
     if ctx.llm is None or stop is not None:

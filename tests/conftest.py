@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -19,6 +20,7 @@ from gc_worker.config import EmbeddingSettings, Settings
 
 TEST_DIM = 8
 TEMPLATE = "memory_gc_template"
+LLM_BASE_URL = "http://llm.test/v1"  # the fake OpenAI-compatible server of make_llm
 
 
 @contextmanager
@@ -128,3 +130,30 @@ def unreachable_engine() -> Iterator[sa.Engine]:
     eng = sa.create_engine("postgresql+psycopg://memory-gc@/memory_gc?host=/nonexistent-memory-gc")
     yield eng
     eng.dispose()
+
+
+@pytest.fixture
+def make_llm(engine: sa.Engine) -> Iterator[Any]:
+    """``make_llm(server, **options)``: the real LLM port (openai client, budget, Postgres
+    decision cache) over an ``httpx2.MockTransport`` answering with ``server``; closed after
+    the test. (Modules with a port of another shape define their own ``make_llm``.)"""
+    import httpx2
+
+    from gc_worker.llm import LLMOptions, open_llm
+    from gc_worker.llm_store import PostgresDecisionCache
+
+    ports = []
+
+    def make(server: Any, **options: Any) -> Any:
+        http_client = httpx2.Client(transport=httpx2.MockTransport(server))
+        values = {"api_key": "test-key", "base_url": LLM_BASE_URL, "backoff_base_seconds": 0,
+                  "max_retries": 1, "embedding_dim": TEST_DIM} | options  # fmt: skip
+        port = open_llm(
+            LLMOptions(**values), http_client=http_client, cache=PostgresDecisionCache(engine)
+        )
+        ports.append(port)
+        return port
+
+    yield make
+    for port in ports:
+        port.close()

@@ -11,7 +11,6 @@ from gc_worker import erasure
 from gc_worker.verify_erasure import verify
 from tests.store import NOW, add, execute, get, run, status
 from tests.test_erasure_helpers import merge, requests
-from tests.test_llm_guards import make_llm  # noqa: F401  (fixture)
 
 DAY = timedelta(days=1)
 LATER = NOW + 400 * DAY
@@ -198,7 +197,7 @@ def test_the_audit_preview_of_a_deleted_twin_keeps_the_erased_text_for_good(engi
     assert (kept, residues) == ([], [])
 
 
-def test_the_cached_merge_text_of_a_deleted_twin_is_dropped(engine, settings, make_llm):  # noqa: F811
+def test_the_cached_merge_text_of_a_deleted_twin_is_dropped(engine, settings, make_llm):
     """One table further than the audit preview: B states A's text word for word and was
     merged (with C) by the model, whose answer — that very text — is cached under [B, C]. The
     application deletes B. After forget A the cached decision, which names neither A nor the

@@ -6,7 +6,7 @@ cache)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -14,14 +14,10 @@ import httpx2
 import pytest
 
 from gc_worker.config import Settings
-from gc_worker.llm import LLMOptions, open_llm
-from gc_worker.llm_store import PostgresDecisionCache
 from tests.conftest import TEST_DIM
 from tests.store import add, days_ago, get, run, status
 from tests.test_compaction import E0, at_similarity, unit
 from tests.test_llm_port import chat_reply, data_block, embeddings_reply, error_reply
-
-BASE_URL = "http://llm.test/v1"
 
 
 class Model:
@@ -43,25 +39,6 @@ class Model:
 
     def chat_requests(self) -> int:
         return sum(r.url.path.endswith("/chat/completions") for r in self.requests)
-
-
-@pytest.fixture
-def make_llm(engine) -> Iterator[Callable[..., Any]]:
-    ports = []
-
-    def make(server: Model, **options: Any) -> Any:
-        values = {"api_key": "test-key", "base_url": BASE_URL, "backoff_base_seconds": 0,
-                  "max_retries": 1, "embedding_dim": TEST_DIM} | options  # fmt: skip
-        http_client = httpx2.Client(transport=httpx2.MockTransport(server))
-        port = open_llm(
-            LLMOptions(**values), http_client=http_client, cache=PostgresDecisionCache(engine)
-        )
-        ports.append(port)
-        return port
-
-    yield make
-    for port in ports:
-        port.close()
 
 
 # ---------------------------------------------------------------------------------------------

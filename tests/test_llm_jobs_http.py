@@ -4,7 +4,7 @@ real openai client): good decisions, every kind of bad answer or outage, budget 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -12,8 +12,7 @@ import httpx2
 import pytest
 
 from gc_worker.config import LLMSettings, Runtime, Settings
-from gc_worker.llm import LLMOptions, open_llm
-from gc_worker.llm_store import PostgresDecisionCache, open_run_llm
+from gc_worker.llm_store import open_run_llm
 from tests.conftest import TEST_DIM
 from tests.store import NOW, acted_on, add, days_ago, execute, get, run, snapshot, status
 from tests.test_compaction import E0, at_similarity, unit
@@ -82,28 +81,6 @@ class FakeOpenAI:
 
     def count(self, path: str) -> int:
         return sum(request.url.path.endswith(path) for request in self.requests)
-
-
-MakeLLM = Callable[..., Any]
-
-
-@pytest.fixture
-def make_llm(engine) -> Iterator[MakeLLM]:
-    ports = []
-
-    def make(server: FakeOpenAI, **options: Any) -> Any:
-        http_client = httpx2.Client(transport=httpx2.MockTransport(server))
-        values = {"api_key": "test-key", "base_url": BASE_URL, "backoff_base_seconds": 0,
-                  "max_retries": 1, "embedding_dim": TEST_DIM} | options  # fmt: skip
-        port = open_llm(
-            LLMOptions(**values), http_client=http_client, cache=PostgresDecisionCache(engine)
-        )
-        ports.append(port)
-        return port
-
-    yield make
-    for port in ports:
-        port.close()
 
 
 def seed_tea(engine) -> tuple[UUID, UUID, UUID]:
