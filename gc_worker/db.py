@@ -100,7 +100,22 @@ class ExtremeTimestamptzLoader(psycopg.adapt.Loader):
             return (datetime.min if early else datetime.max).replace(tzinfo=UTC)
 
 
-def _register_loaders(dbapi_connection: Any, _record: Any) -> None:
+def _set_session(dbapi_connection: Any, _record: Any) -> None:
+    """The worker's sessions run in UTC, whatever the server's, role's, URL's or PGTZ's zone:
+    the instants it reads come back in UTC. In a zone with daylight saving time they came back
+    sharing one ZoneInfo, which makes Python's arithmetic on them wall-clock arithmetic: a
+    cutoff `now - 30 days` across a clock change was an hour off, and purged a row inside
+    its retention window."""
+    autocommit = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True
+    try:
+        dbapi_connection.execute("SET TIME ZONE 'UTC'")
+    finally:
+        dbapi_connection.autocommit = autocommit
+    _register_loaders(dbapi_connection)
+
+
+def _register_loaders(dbapi_connection: Any) -> None:
     dbapi_connection.adapters.register_loader("timestamptz", ExtremeTimestamptzLoader)
     # Python lists (the ids and users of a batch) go to the server in binary: as text, psycopg
     # quotes and regex-checks every element (a 7,000-uuid list: 22 ms text, 4 ms binary).
@@ -143,7 +158,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             "1-65535 (PostgreSQL's default is 5432)"
         )
     if engine.dialect.driver == "psycopg":
-        sa.event.listen(engine, "connect", _register_loaders)
+        sa.event.listen(engine, "connect", _set_session, insert=True)
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))

@@ -69,6 +69,12 @@ log = structlog.get_logger("memory_gc")
 
 
 def eviction_key(row: Any, importance: Mapping) -> tuple:
+    """Effective importance, least recently used, oldest, id; a row ranked by
+    user_cap_candidates keeps PostgreSQL's rank, which tells apart instants Python loads as one
+    (-infinity, BC: gc_worker.db.ExtremeTimestamptzLoader)."""
+    rank = getattr(row, "rank", None)
+    if rank is not None:
+        return (rank,)
     return (
         importance.get(row.id, row.importance),
         row.last_accessed_at or row.created_at,

@@ -31,7 +31,7 @@ from tests.seeding import (
     row,
     seed,
 )
-from tests.store import NOW, run
+from tests.store import NOW, add, get, run, status
 from tests.strategies import APP_COLUMNS, BASES, NASTY_USERS
 
 SETTINGS = Settings.model_validate({"embeddings": {"dim": 8}})
@@ -265,13 +265,15 @@ class TestHostilePolicy:
             load_settings(env={name: str(MAX_DAYS + 0.5)})
 
 
-def session_engine(engine: sa.Engine, timezone: str) -> sa.Engine:
+def session_engine(engine: sa.Engine, timezone: str, app: bool = False) -> sa.Engine:
+    """The worker's engine on a URL whose sessions start in ``timezone`` (an operator's URL
+    options, a role's setting, PGTZ), or with ``app`` an application's plain engine."""
     from gc_worker import db
 
-    return db.make_engine(
-        engine.url.render_as_string(hide_password=False),
-        connect_args={"options": f"-c TimeZone={timezone}"},
-    )
+    url, options = engine.url.render_as_string(hide_password=False), f"-c TimeZone={timezone}"
+    if app:
+        return sa.create_engine(url, connect_args={"options": options})
+    return db.make_engine(url, connect_args={"options": options})
 
 
 class TestTimestamps:
@@ -292,7 +294,7 @@ class TestTimestamps:
     def test_a_naive_value_is_read_in_the_writers_session_zone(self, engine, timezone, expired):
         """A naive expires_at of 03:00 means 03:00 in the writing session's zone: already
         past at 03:00 UTC in Tokyo (UTC+9), still ahead in New York (UTC-4)."""
-        writer = session_engine(engine, timezone)
+        writer = session_engine(engine, timezone, app=True)
         naive = NOW.replace(tzinfo=None)
         seed(writer, [row("u1", "naive ttl", expires_at=naive)])
         writer.dispose()
@@ -311,6 +313,60 @@ class TestTimestamps:
         database.fresh(rows)
         run(engine, SETTINGS)
         assert _instants(end_state(engine, ids)) == _instants(east)
+
+    @pytest.mark.parametrize("timezone", ["America/New_York", "Europe/Berlin"])
+    def test_a_session_zone_with_daylight_saving_moves_no_window(self, engine, timezone):
+        """Windows are real time in any session zone. Read as datetimes sharing one
+        daylight-saving zone, instants made Python's arithmetic wall-clock arithmetic: a row
+        deleted 29 days 23.5 hours before the run, across a spring-forward, was purged out of
+        its 30-day retention, and one created 13 days 23.5 hours before was pruned inside its
+        14-day grace."""
+        now = datetime(2026, 4, 5, 12, 0, tzinfo=UTC)  # 30 days back: before both changes
+        settings = Settings.model_validate(
+            {
+                "embeddings": {"dim": 8},
+                "hard_delete": {"retention_days": 30},
+                "usage_prune": {"unused_days": 14, "grace_days": 14, "max_importance": 3},
+                "run": {"skip_idle_users": False},
+            }
+        )
+        almost = now - timedelta(days=30, minutes=-30)
+        deleted = {"status": "deleted", "status_reason": "unused", "importance": 1}
+        kept = add(engine, status_changed_at=almost, deleted_at=almost, **deleted)
+        past = now - timedelta(days=40)
+        purged = add(engine, status_changed_at=past, deleted_at=past, **deleted)
+        young = add(engine, created_at=now - timedelta(days=14, minutes=-30), importance=1)
+        unused = add(engine, created_at=now - timedelta(days=20), importance=1)
+        zoned = session_engine(engine, timezone)
+        try:
+            run(zoned, settings, jobs=["usage_prune", "hard_delete"], now=now)
+        finally:
+            zoned.dispose()
+        assert get(engine, purged) is None and status(engine, unused) == "deleted"
+        assert status(engine, kept) == "deleted", "purged inside its retention window"
+        assert status(engine, young) == "active", "pruned inside its grace period"
+
+    def test_a_session_zone_with_daylight_saving_keeps_the_least_recently_used_order(self, engine):
+        """Over the cap by one, the row used least recently goes. Used at 05:30 and 06:10 UTC
+        on the night New York's clocks fall back (01:30 EDT, then 01:10 EST), the first is
+        older in real time though its wall-clock time is later."""
+        now = datetime(2026, 11, 10, 3, 0, tzinfo=UTC)
+        settings = Settings.model_validate(
+            {"embeddings": {"dim": 8}, "user_cap": {"max_memories": 1}}
+        )
+        created = now - timedelta(days=30)
+        first = add(
+            engine, created_at=created, last_accessed_at=datetime(2026, 11, 1, 5, 30, tzinfo=UTC)
+        )
+        then = add(
+            engine, created_at=created, last_accessed_at=datetime(2026, 11, 1, 6, 10, tzinfo=UTC)
+        )
+        zoned = session_engine(engine, "America/New_York")
+        try:
+            run(zoned, settings, jobs=["user_cap"], now=now)
+        finally:
+            zoned.dispose()
+        assert (status(engine, first), status(engine, then)) == ("deleted", "active")
 
     def test_far_future_and_far_past(self, engine):
         """Year-9999 and year-1 instants decay, expire and prune without overflow: a future

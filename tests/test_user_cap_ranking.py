@@ -14,7 +14,7 @@ import sqlalchemy as sa
 import jobs.user_cap as user_cap
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings, UserCapSettings
-from tests.store import NOW, days_ago, execute
+from tests.store import NOW, add, days_ago, execute, run, status
 
 CAP = 8
 EVICTABLE = """
@@ -82,3 +82,20 @@ def test_sql_ranking_takes_what_python_ranking_takes(engine, overflow: str) -> N
                     want_ids[user] = [str(r.id) for r in (split.fold or split.evict)]
                 assert got_ids == want_ids
         assert any(counts.values())
+
+
+def test_the_sql_order_decides_where_python_cannot_tell_instants_apart(engine) -> None:
+    """-infinity and year 1 both load as datetime.min (gc_worker.db): re-sorting in Python
+    tied them and fell back to the creation time; PostgreSQL's order, the least recently used
+    first, decides."""
+    settings = Settings(user_cap=UserCapSettings(max_memories=1))
+    never = add(engine, created_at=days_ago(10))
+    year_one = add(engine, created_at=days_ago(20))
+    execute(engine, "UPDATE memories SET last_accessed_at = '-infinity' WHERE id = :id", id=never)
+    execute(
+        engine,
+        "UPDATE memories SET last_accessed_at = '0001-01-01 00:00:00+00' WHERE id = :id",
+        id=year_one,
+    )
+    run(engine, settings, jobs=["user_cap"])
+    assert (status(engine, never), status(engine, year_one)) == ("deleted", "active")

@@ -15,7 +15,7 @@ HAVING count(*) FILTER (WHERE NOT (id = ANY(:taken))) > :floor
 -- worker (an over-cap user of thousands of rows loses a few hundred). metadata, for a summary's
 -- depth, only :with_metadata.
 SELECT id, user_id, row_version, preview, importance, created_at, last_accessed_at, memory_type,
-       source, metadata
+       source, metadata, rank
 FROM (
     SELECT m.id, m.user_id, m.xmin::text::bigint AS row_version, left(m.content, 200) AS preview,
            m.importance, m.created_at, m.last_accessed_at, m.memory_type, m.source,
