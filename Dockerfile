@@ -13,10 +13,12 @@ COPY gc_worker ./gc_worker
 COPY jobs ./jobs
 COPY config ./config
 RUN pip install . \
-    && useradd --create-home --uid 10001 memorygc \
-    && mkdir -p /data && chown memorygc /data
+    && groupadd --gid 10001 memorygc \
+    && useradd --create-home --uid 10001 --gid 10001 memorygc \
+    && mkdir -p /data && chown 10001:10001 /data
 
-USER memorygc
+# numeric, so Kubernetes' runAsNonRoot can tell it is not root (a user name it cannot check)
+USER 10001:10001
 VOLUME ["/data"]
 # 9108: Prometheus metrics and /healthz of `memory-gc schedule --metrics-port 9108`
 EXPOSE 9108

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 import typing
 import zoneinfo
@@ -27,6 +28,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
@@ -34,6 +36,12 @@ from gc_worker.errors import ConfigError, UsageError
 
 ENV_PREFIX = "MEMORY_GC_"
 RUNTIME_ENV = {"DATABASE_URL", "DATA_DIR", "CONFIG", "LOG_LEVEL"}
+# What Kubernetes sets in every pod for a Service named memory-gc (or memory-gc-…), e.g.
+# MEMORY_GC_SERVICE_HOST, MEMORY_GC_PORT_9108_TCP_ADDR: not options, and not typos of one
+SERVICE_LINK = re.compile(
+    r"(?:[A-Z0-9_]+_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)"
+)
 # Day windows are subtracted from the run's clock: 100 years is "forever" in practice, and a
 # window reaching before year 1 would crash every run with OverflowError.
 MAX_DAYS = 36_500
@@ -56,6 +64,25 @@ def check_clock(now: datetime, label: str) -> None:
 
 class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_switch_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """true/false for a number is a mistake, not 1/0: `retention_days = false` meant as
+        "off" would purge every soft-deleted row at the next run."""
+        items = value if isinstance(value, list | tuple) else (value,)
+        if any(isinstance(v, bool) for v in items) and _numeric(
+            cls.model_fields[info.field_name].annotation
+        ):
+            raise ValueError("expected a number, not true/false")
+        return value
+
+
+def _numeric(annotation: Any) -> bool:
+    """Whether a setting declared ``annotation`` holds numbers (int, float, a tuple of them)."""
+    if annotation in (int, float):
+        return True
+    return any(_numeric(arg) for arg in typing.get_args(annotation))
 
 
 class JobSection(Section):
@@ -244,14 +271,20 @@ def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None 
 def load_runtime(env: Mapping[str, str] | None = None) -> Runtime:
     env = os.environ if env is None else env
     data_dir = env.get(ENV_PREFIX + "DATA_DIR")
-    base_url = env.get("OPENAI_BASE_URL") or None
+    base_url = env.get("OPENAI_BASE_URL", "").strip() or None  # a secret file's newline
     if base_url is not None:
         _check_base_url(base_url)
+    database_url = env.get(ENV_PREFIX + "DATABASE_URL")
+    if database_url is not None and not database_url.strip():
+        raise ConfigError(
+            f"{ENV_PREFIX}DATABASE_URL is set but empty (an unset secret or variable?); set it "
+            "to the store's URL, or unset it to use the embedded server"
+        )
     return Runtime(
-        database_url=env.get(ENV_PREFIX + "DATABASE_URL") or None,
+        database_url=database_url.strip() if database_url else None,
         data_dir=Path(data_dir) if data_dir else default_data_dir(),
         config_path=Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None,
-        openai_api_key=env.get("OPENAI_API_KEY") or None,
+        openai_api_key=env.get("OPENAI_API_KEY", "").strip() or None,
         openai_base_url=base_url,
     )
 
@@ -260,10 +293,12 @@ def _check_base_url(url: str) -> None:
     """A mistyped endpoint is refused at start-up: every model call would fail, and the run
     would defer every model decision night after night as if no model were configured. The
     message shows scheme, host and port only (the URL may carry a key)."""
-    parts = urlsplit(url.strip())
+    parts = urlsplit(url)
     shown = f"{parts.scheme}://{parts.hostname}" if parts.hostname else "it"
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         problem = "is not an http(s) URL with a host"
+    elif any(c.isspace() or not c.isprintable() for c in url):
+        problem = f"({shown}) contains a space or a control character"
     else:
         try:
             bad_port = parts.port == 0  # ValueError for one that is not a number in 0-65535
@@ -304,6 +339,8 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         if not name.startswith(ENV_PREFIX) or name[len(ENV_PREFIX) :] in RUNTIME_ENV:
             continue
         rest = name[len(ENV_PREFIX) :]
+        if "__" not in rest and SERVICE_LINK.fullmatch(rest):
+            continue
         if "__" not in rest:
             options = [ENV_PREFIX + n for n in sorted(RUNTIME_ENV)]
             raise ConfigError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -76,6 +77,10 @@ def _with_psycopg_driver(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+# libpq refusing an option's value before any connection (`invalid sslmode value: "bogus"`)
+LIBPQ_BAD_OPTION = re.compile(r"\binvalid \w+ value: ")
 
 
 class ExtremeTimestamptzLoader(psycopg.adapt.Loader):
@@ -164,6 +169,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             conn.execute(sa.text("SELECT 1"))
     except sa.exc.OperationalError as exc:
         engine.dispose()
+        if LIBPQ_BAD_OPTION.search(str(exc.orig)):  # sslmode=bogus: libpq's, not the server's
+            raise ConfigError(
+                f"MEMORY_GC_DATABASE_URL ({_redact(url)}) was refused by the driver: "
+                f"{str(exc.orig).removeprefix('connection is bad: ')}; fix the URL's options"
+            ) from None
         raise DatabaseUnavailable(
             f"cannot connect to the database ({_redact(url)}): {exc.orig}; "
             "check MEMORY_GC_DATABASE_URL and that the server is running"

@@ -375,6 +375,9 @@ class TestBadInput:
             ({"OPENAI_BASE_URL": "not-a-url"}, "OPENAI_BASE_URL is not an http(s) URL"),
             ({"OPENAI_BASE_URL": "ftp://models.example/v1"}, "is not an http(s) URL"),
             ({"OPENAI_BASE_URL": "http://localhost:99999/v1"}, "(http://localhost) has a port"),
+            ({"OPENAI_BASE_URL": "http://models.test/v 1"}, "a space or a control character"),
+            # an unset secret used to switch to an empty embedded store, and succeed
+            ({"MEMORY_GC_DATABASE_URL": ""}, "MEMORY_GC_DATABASE_URL is set but empty"),
         ],
     )
     def test_unusable_settings_exit_2_naming_them(self, monkeypatch, capsys, env, fragment):
@@ -411,10 +414,27 @@ class TestBadInput:
         assert "(https://proxy.internal) has a port that is not 1-65535" in err
         assert "SECRET" not in err and "user" not in err
 
-    def test_a_url_option_the_driver_refuses_exits_2(self, cli_env, monkeypatch, capsys):
-        monkeypatch.setenv("MEMORY_GC_DATABASE_URL", cli_env + "&bogus=1")
+    @pytest.mark.parametrize("option", ["bogus=1", "sslmode=bogus", "target_session_attrs=x"])
+    def test_a_url_option_the_driver_refuses_exits_2(self, cli_env, monkeypatch, capsys, option):
+        """An option or value libpq refuses is an unusable URL; `sslmode=bogus` used to read as
+        a server that is down (exit 1, "check that the server is running")."""
+        monkeypatch.setenv("MEMORY_GC_DATABASE_URL", f"{cli_env}&{option}")
         assert main(["runs"]) == 2
         assert "refused by the driver" in capsys.readouterr().err
+
+    @pytest.mark.parametrize("argv", [["run", "--dry-run"], ["schedule", "--once-due"]])
+    def test_a_secret_files_newline_around_the_model_url_and_key_is_dropped(
+        self, engine, cli_env, monkeypatch, argv
+    ):
+        """Values read from secret files end in a newline: the URL passed the start-up check
+        stripped and then failed the client raw, a traceback after the run was recorded (left
+        stopped), and a daemon whose nightly run failed at every upkeep."""
+        add(engine, "u1", "expired", expires_at=days_ago(1))
+        monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1\n")
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test\n")
+        assert main([*argv, "--now", NOW.isoformat()]) == 0
+        runs = execute(engine, "SELECT status FROM gc_runs").scalars().all()
+        assert runs and set(runs) == {"completed"}
 
     def test_config_named_by_the_option_is_named_in_the_error(self, capsys, tmp_path):
         assert main(["--config", str(tmp_path / "none.toml"), "runs"]) == 2

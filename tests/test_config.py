@@ -96,6 +96,47 @@ class TestErrors:
         assert fragment in str(info.value)
         assert name in str(info.value) or "importance_multipliers" in str(info.value)
 
+    @pytest.mark.parametrize(
+        ("name", "value"),
+        [
+            ("MEMORY_GC_HARD_DELETE__RETENTION_DAYS", "false"),
+            ("MEMORY_GC_USER_CAP__MAX_MEMORIES", "true"),
+            ("MEMORY_GC_DECAY__FORGET_BELOW", "true"),
+            ("MEMORY_GC_DECAY__IMPORTANCE_MULTIPLIERS", "[1, 1, true, 2, 4]"),
+        ],
+    )
+    def test_a_switch_for_a_number_is_refused(self, name, value):
+        """true/false for a number was read as 1/0: `retention_days = false`, meant as "off",
+        purged every soft-deleted row at the next run."""
+        with pytest.raises(ConfigError, match=f"{name}$") as info:
+            load_settings(env={name: value})
+        assert "expected a number, not true/false" in str(info.value)
+
+    def test_a_switch_stays_a_switch(self, tmp_path):
+        """On/off options still take true/false, from the file and the environment."""
+        path = tmp_path / "gc.toml"
+        path.write_text("[run]\nskip_idle_users = false\n")
+        settings = load_settings(path, env={"MEMORY_GC_DECAY__ENABLED": "false"})
+        assert not settings.run.skip_idle_users and not settings.decay.enabled
+
+    def test_kubernetes_service_links_are_not_options(self):
+        """A Service named memory-gc (or memory-gc-metrics) puts these in every pod: they made
+        every command exit 2, a crash-looping daemon. A typo still is an error."""
+        links = {
+            "MEMORY_GC_SERVICE_HOST": "10.96.0.12",
+            "MEMORY_GC_SERVICE_PORT": "9108",
+            "MEMORY_GC_SERVICE_PORT_METRICS": "9108",
+            "MEMORY_GC_PORT": "tcp://10.96.0.12:9108",
+            "MEMORY_GC_PORT_9108_TCP": "tcp://10.96.0.12:9108",
+            "MEMORY_GC_PORT_9108_TCP_PROTO": "tcp",
+            "MEMORY_GC_PORT_9108_TCP_PORT": "9108",
+            "MEMORY_GC_PORT_9108_TCP_ADDR": "10.96.0.12",
+            "MEMORY_GC_METRICS_SERVICE_HOST": "10.96.0.13",
+        }
+        assert load_settings(env=links) == Settings()
+        with pytest.raises(ConfigError, match="MEMORY_GC_DATABASE_URL"):
+            load_settings(env=links | {"MEMORY_GC_DATABASE_ULR": "x"})
+
     def test_broken_toml(self, tmp_path):
         """A file that is not TOML is refused with the parser's position."""
         path = tmp_path / "gc.toml"
