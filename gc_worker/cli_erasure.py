@@ -62,9 +62,10 @@ def cmd_forget(args: argparse.Namespace, ctx: Context) -> int:
 def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
     from gc_worker import erasure
 
+    now = parse_now(args.now)  # bad input is refused before connecting
     engine = ctx.engine()
     request, run_id = erasure.forget(
-        engine, ctx.settings, now=parse_now(args.now), purge_now=args.purge_now, **target
+        engine, ctx.settings, now=now, purge_now=args.purge_now, **target
     )
     what = f"user {request.user_id}" if request.kind == "user" else f"memory {request.memory_id}"
     if request.status == "completed" and request.created:  # no rows left: traces scrubbed
@@ -108,8 +109,9 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> int:
     from gc_worker.verify_erasure import verify
 
     memory_id = parse_uuid(args.memory_id, "memory id") if args.memory_id else None
+    now = parse_now(args.now)  # bad input is refused before connecting
     result = verify(
-        ctx.engine(), now=parse_now(args.now), user_id=args.user_id, memory_id=memory_id,
+        ctx.engine(), now=now, user_id=args.user_id, memory_id=memory_id,
         all_tables=args.all_tables,
     )  # fmt: skip
     for residue in result.residues:

@@ -58,13 +58,12 @@ def cmd_list(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_resolve(args: argparse.Namespace, ctx: Context) -> int:
+    review_id = _review_id(args.review_id)  # bad input is refused before connecting
+    keep = parse_uuid(args.keep, "--keep memory id") if args.keep else None
+    obsolete = parse_uuid(args.obsolete, "--obsolete memory id") if args.obsolete else None
+    now = parse_now(args.now) if args.now else None
     result = reviews.resolve_review(
-        ctx.engine(),
-        _review_id(args.review_id),
-        keep=parse_uuid(args.keep, "--keep memory id") if args.keep else None,
-        obsolete=parse_uuid(args.obsolete, "--obsolete memory id") if args.obsolete else None,
-        dismiss=args.dismiss,
-        now=parse_now(args.now) if args.now else None,
+        ctx.engine(), review_id, keep=keep, obsolete=obsolete, dismiss=args.dismiss, now=now
     )
     if result.run_id is None:
         print(f"review {result.review_id} dismissed; nothing changed")

@@ -98,11 +98,10 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
 def cmd_apply(args: argparse.Namespace, ctx: Context) -> int:
     for path in args.report or []:
         _check_report_path(path)
+    plan_id = parse_uuid(args.run_id, "run id")  # bad input is refused before connecting
     engine = ctx.engine()
     max_age = ctx.settings.plan_age_limit_hours  # this environment's limit, not the plan's
-    with gc_engine.applying(
-        engine, parse_uuid(args.run_id, "run id"), max_age_hours=max_age
-    ) as run_id:
+    with gc_engine.applying(engine, plan_id, max_age_hours=max_age) as run_id:
         with engine.connect() as conn:
             settings = gc_engine.settings_of(gc_engine.load_run(conn, run_id))
         failed = _process(engine, run_id, ctx, settings=settings)
@@ -226,11 +225,12 @@ def cmd_report(args: argparse.Namespace, ctx: Context) -> int:
 def cmd_restore(args: argparse.Namespace, ctx: Context) -> int:
     from gc_worker import restore
 
-    engine = ctx.engine()
     if args.run_id:
-        result = restore.restore_run(engine, parse_uuid(args.run_id, "run id"))
+        run_id = parse_uuid(args.run_id, "run id")
+        result = restore.restore_run(ctx.engine(), run_id)
     else:
-        result = restore.restore_memory(engine, parse_uuid(args.memory_id, "memory id"))
+        memory_id = parse_uuid(args.memory_id, "memory id")
+        result = restore.restore_memory(ctx.engine(), memory_id)
     gone = [f"{n} {what}" for n, what in ((result.purged, "purged by the run"),
                                           (result.erased, "erased by the run")) if n]  # fmt: skip
     print(f"restore run {result.run_id}: {len(result.restored)} restored, "

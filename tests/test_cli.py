@@ -414,6 +414,32 @@ class TestBadInput:
         assert "(https://proxy.internal) has a port that is not 1-65535" in err
         assert "SECRET" not in err and "user" not in err
 
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            ["run", "--now", "yesterday"],
+            ["apply", "not-a-uuid"],
+            ["report", "not-a-uuid"],
+            ["restore", "--run", "not-a-uuid"],
+            ["restore", "--memory", "not-a-uuid"],
+            ["reject", "not-a-uuid"],
+            ["reviews", "resolve", "x", "--dismiss"],
+            ["reviews", "resolve", "1", "--keep", "not-a-uuid"],
+            ["reviews", "resolve", "1", "--dismiss", "--now", "yesterday"],
+            ["forget-user", "u1", "--now", "yesterday"],
+            ["forget", "not-a-uuid"],
+            ["verify-erasure", "u1", "--now", "yesterday"],
+            ["schedule", "--once-due", "--now", "yesterday"],
+        ],
+    )
+    def test_bad_input_is_refused_before_connecting(self, monkeypatch, capsys, argv):
+        """A malformed id or --now is bad input (exit 2) whatever the database's state; some
+        commands connected first and reported an unreachable database (exit 1) instead."""
+        monkeypatch.setenv("MEMORY_GC_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "is not a UUID" in err or "--now" in err or "not a number" in err, err
+
     @pytest.mark.parametrize("option", ["bogus=1", "sslmode=bogus", "target_session_attrs=x"])
     def test_a_url_option_the_driver_refuses_exits_2(self, cli_env, monkeypatch, capsys, option):
         """An option or value libpq refuses is an unusable URL; `sslmode=bogus` used to read as
