@@ -2,6 +2,7 @@
 
 Options (``[schedule]``):
     cron = "0 3 * * *"            standard five-field crontab (0 or 7 = Sunday), in ``timezone``
+                                  (CrontabTrigger: read as crontab(5) reads it)
     timezone = "UTC"
     misfire_grace_seconds = 3600  a slot missed by at most this (deploy, restart) still runs once
     mode = "plan_and_apply"       or "plan_then_apply": the nightly run is a dry run, applied
@@ -21,10 +22,12 @@ import contextlib
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
 import structlog
+from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy.engine import Engine
 
@@ -50,7 +53,38 @@ _WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 _NUMERIC_DOW = re.compile(r"^(\*|\d+)(?:-(\d+))?(?:/(\d+))?$")
 
 
-def nightly_trigger(schedule: ScheduleSettings) -> CronTrigger:
+class CrontabTrigger(BaseTrigger):
+    """A crontab line as crontab reads it, where APScheduler's CronTrigger differs:
+
+    - with both the day of the month and the weekday restricted (neither starting with ``*``),
+      a day matching *either* fires (``0 3 1 * 1``: the 1st and every Monday), where
+      CronTrigger needs both (only a Monday the 1st);
+    - a fixed time (hour not starting with ``*``) in the hour that repeats when daylight saving
+      time ends fires once, not twice.
+    """
+
+    def __init__(self, triggers: list[CronTrigger], once_in_repeated_hour: bool) -> None:
+        self.triggers, self.once_in_repeated_hour = triggers, once_in_repeated_hour
+
+    def get_next_fire_time(
+        self, previous_fire_time: datetime | None, now: datetime
+    ) -> datetime | None:
+        while True:
+            fires = [t.get_next_fire_time(previous_fire_time, now) for t in self.triggers]
+            fire = min((f for f in fires if f is not None), default=None)
+            if fire is None or not (self.once_in_repeated_hour and fire.fold == 1):
+                return fire
+            previous_fire_time, now = None, fire.astimezone(UTC) + timedelta(seconds=1)
+
+    @property
+    def timezone(self) -> Any:
+        return self.triggers[0].timezone
+
+    def __str__(self) -> str:
+        return " or ".join(str(t) for t in self.triggers)
+
+
+def nightly_trigger(schedule: ScheduleSettings) -> CrontabTrigger:
     """The cron trigger of ``schedule`` (crontab weekday numbers, 0 = Sunday)."""
     try:
         return cron_trigger(schedule.cron, schedule.timezone)
@@ -60,19 +94,23 @@ def nightly_trigger(schedule: ScheduleSettings) -> CronTrigger:
         ) from None
 
 
-def cron_trigger(cron: str, timezone: str) -> CronTrigger:
+def cron_trigger(cron: str, timezone: str) -> CrontabTrigger:
     """A crontab line as a trigger; ValueError saying what is wrong with it."""
     fields = cron.split()
     if len(fields) != 5:
         raise ValueError('a cron line has five fields (minute hour day month weekday): "0 3 * * *"')
     minute, hour, day, month, weekday = fields
+    either = not day.startswith("*") and not weekday.startswith("*")  # crontab(5)
+    days = [(day, "*"), ("*", weekday)] if either else [(day, weekday)]
     try:
-        return CronTrigger(
-            minute=minute, hour=hour, day=day, month=month,
-            day_of_week=crontab_weekdays(weekday), timezone=timezone,
-        )  # fmt: skip
+        triggers = [
+            CronTrigger(minute=minute, hour=hour, day=d, month=month,
+                        day_of_week=crontab_weekdays(w), timezone=timezone)
+            for d, w in days
+        ]  # fmt: skip
     except (ValueError, LookupError) as exc:
         raise ValueError(f'not a valid cron line ({exc}); e.g. "0 3 * * *"') from None
+    return CrontabTrigger(triggers, once_in_repeated_hour=not hour.startswith("*"))
 
 
 def crontab_weekdays(field: str) -> str:
@@ -95,13 +133,15 @@ def crontab_weekdays(field: str) -> str:
     return ",".join(dict.fromkeys(parts))
 
 
-def due_slot(trigger: CronTrigger, now: datetime, grace_seconds: float) -> datetime | None:
+def due_slot(trigger: BaseTrigger, now: datetime, grace_seconds: float) -> datetime | None:
     """The latest fire time in ``[now - grace, now]``, or None: missed earlier ones coalesce."""
     fire = trigger.get_next_fire_time(None, now - timedelta(seconds=grace_seconds))
     latest = None
     while fire is not None and fire <= now:
         latest = fire
-        fire = trigger.get_next_fire_time(fire, fire + timedelta(seconds=1))
+        # from the next second in UTC: in the hour that repeats, the local wall clock (and
+        # APScheduler's `previous + 1 µs`) goes back to the first pass, and found this again
+        fire = trigger.get_next_fire_time(None, fire.astimezone(UTC) + timedelta(seconds=1))
     return latest
 
 

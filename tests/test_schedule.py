@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -57,6 +58,16 @@ def seed(engine: sa.Engine, users: int = 3) -> None:
         add(engine, user, "fresh", created_at=days_ago(1), importance_assessed_at=NOW)
 
 
+def within(seconds: float, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, failing the test instead of hanging it past ``seconds``."""
+    done: list[Any] = []
+    worker = threading.Thread(target=lambda: done.append(fn(*args)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert done, f"{fn.__name__} did not return within {seconds} s"
+    return done[0]
+
+
 class TestNightlyTrigger:
     def test_default_cron_fires_at_three_utc(self):
         """The default schedule's next fire time is 03:00 UTC, inclusive of 03:00:00 itself."""
@@ -86,6 +97,55 @@ class TestNightlyTrigger:
         assert scheduler.crontab_weekdays("1-5") == "mon,tue,wed,thu,fri"
         assert scheduler.crontab_weekdays("*/2") == "sun,tue,thu,sat"
         assert scheduler.crontab_weekdays("mon-fri,0") == "mon-fri,sun"
+
+    def test_day_of_month_or_weekday_as_in_crontab(self):
+        """With both restricted, a day matching either fires, as crontab(5) says: "0 3 1 * 1"
+        is the 1st and every Monday. APScheduler's CronTrigger needs both: its first firing
+        after Saturday 31 January 2026 was Monday 1 June."""
+        trigger = scheduler.nightly_trigger(ScheduleSettings(cron="0 3 1 * 1"))
+        fires, now = [], datetime(2026, 1, 31, 4, 0, tzinfo=UTC)
+        for _ in range(4):
+            fires.append(trigger.get_next_fire_time(None, now))
+            now = fires[-1] + timedelta(seconds=1)
+        assert [f.date().isoformat() for f in fires] == [
+            "2026-02-01", "2026-02-02", "2026-02-09", "2026-02-16"
+        ]  # fmt: skip
+        # one of them a wildcard ("*/2" too, as in crontab): both must match
+        every_other = scheduler.nightly_trigger(ScheduleSettings(cron="0 3 */2 * 1"))
+        fire = every_other.get_next_fire_time(None, datetime(2026, 1, 31, 4, 0, tzinfo=UTC))
+        assert fire == datetime(2026, 2, 9, 3, 0, tzinfo=UTC)
+
+    def test_a_fixed_time_in_the_repeated_hour_fires_once(self):
+        """02:30 in Berlin happens twice on 25 October 2026 (00:30 and 01:30 UTC); the nightly
+        slot is one of them, as in crontab: two slots were two nightly runs an hour apart. A
+        wildcard hour still fires in both hours."""
+        fixed = scheduler.nightly_trigger(
+            ScheduleSettings(cron="30 2 * * *", timezone="Europe/Berlin")
+        )
+        day = datetime(2026, 10, 24, 12, 0, tzinfo=UTC)
+        fire = fixed.get_next_fire_time(None, day)
+        assert fire.astimezone(UTC) == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
+        after = fixed.get_next_fire_time(fire, fire.astimezone(UTC) + timedelta(seconds=1))
+        assert after.astimezone(UTC) == datetime(2026, 10, 26, 1, 30, tzinfo=UTC)
+        repeated = datetime(2026, 10, 25, 1, 45, tzinfo=UTC)
+        assert within(5, scheduler.due_slot, fixed, repeated, 3600) is None  # no second slot
+        hourly = scheduler.nightly_trigger(
+            ScheduleSettings(cron="30 * * * *", timezone="Europe/Berlin")
+        )
+        due = within(5, scheduler.due_slot, hourly, repeated, 3600)
+        assert due.astimezone(UTC) == datetime(2026, 10, 25, 1, 30, tzinfo=UTC)
+
+    def test_the_due_slot_in_the_repeated_hour_is_found(self):
+        """due_slot looked for the next fire time from `fire + 1 s` on the local wall clock,
+        which in the repeated hour is back in its first pass: it found the same fire time
+        forever, and the daemon's upkeep thread spun at 100 % CPU (an 02:30 cron in
+        Europe/Berlin, from 01:30 to 02:30 UTC on 25 October)."""
+        hourly = scheduler.nightly_trigger(
+            ScheduleSettings(cron="*/20 * * * *", timezone="Europe/Berlin")
+        )
+        now = datetime(2026, 10, 25, 1, 50, tzinfo=UTC)  # 02:50 the second time
+        due = within(5, scheduler.due_slot, hourly, now, 3600)
+        assert due.astimezone(UTC) == datetime(2026, 10, 25, 1, 40, tzinfo=UTC)
 
     @pytest.mark.parametrize(
         ("cron", "timezone"), [("0 3 * *", "UTC"), ("0 27 * * *", "UTC"), ("0 3 * * *", "Mars/X")]
