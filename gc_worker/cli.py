@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -130,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("memory-gc: interrupted; committed batches stay applied", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `memory-gc runs | head -1`: the reader left; no traceback
+        with contextlib.suppress(OSError, ValueError):  # nor another at exit's flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except Exception as exc:
         from sqlalchemy.exc import DBAPIError

@@ -591,6 +591,23 @@ class TestBadInput:
 
 
 class TestSignals:
+    def test_a_reader_that_left_is_no_traceback(self, engine, cli_env):
+        """`memory-gc runs | head -1`: the pipe's reader is gone before the output is written;
+        that was a BrokenPipeError traceback."""
+        seeded(engine)
+        assert main(["run", "--now", NOW_ARG]) == 0
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "gc_worker.cli", "runs"], env=env,
+                                  stdout=write_end, stderr=subprocess.PIPE, text=True,
+                                  timeout=120)  # fmt: skip
+        finally:
+            os.close(write_end)
+        assert "Traceback" not in proc.stderr and proc.stderr == "", proc.stderr
+        assert proc.returncode == 1
+
     def test_sigterm_stops_a_one_shot_command_as_ctrl_c_does(self, engine, cli_env):
         """SIGTERM to `run` (as `docker stop` sends to PID 1) interrupts it like Ctrl-C: exit 1
         with the interrupt message, instead of the signal's default (ignored as PID 1)."""
