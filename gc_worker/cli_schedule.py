@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import errno
 import signal
+import sys
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -64,7 +65,12 @@ def cmd_schedule(args: argparse.Namespace, ctx: Context) -> int:
     previous_fd = signal.set_wakeup_fd(daemon.wake_fd)  # a signal wakes the sweep loop at once
     try:
         if args.once_due:
-            return 1 if daemon.run_once() else 0
+            failed = daemon.run_once()
+            if daemon.stopping():  # a cron wrapper must not read an abandoned pass as done
+                print("memory-gc: interrupted; committed batches stay applied, the next pass "
+                      "resumes the run", file=sys.stderr)  # fmt: skip
+                return 1
+            return 1 if failed else 0
         daemon.serve()
         return 0
     finally:

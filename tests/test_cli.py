@@ -628,6 +628,29 @@ class TestSignals:
         assert proc.returncode == 1, err
         assert "interrupted; committed batches stay applied" in err
 
+    def test_sigterm_during_a_once_due_pass_is_no_success(self, engine, cli_env):
+        """`schedule --once-due` stopped by SIGTERM leaves the nightly run to the next pass;
+        it exited 0, which a cron wrapper reads as a pass done."""
+        seeded(engine)
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        argv = [sys.executable, "-m", "gc_worker.cli", "schedule", "--once-due", "--now", NOW_ARG]
+        with engine.connect() as blocker, engine.connect() as watcher:
+            blocker.exec_driver_sql("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+            try:
+                waiting_for_lock(watcher)
+                proc.send_signal(signal.SIGTERM)
+                time.sleep(0.5)
+                blocker.rollback()
+                _, err = proc.communicate(timeout=60)
+            finally:
+                proc.kill()
+        assert proc.returncode == 1, err
+        assert "interrupted" in err
+        left = execute(engine, "SELECT count(*) FROM gc_runs WHERE status = 'running'")
+        assert left.scalar() == 1  # the next pass resumes it
+
     def test_sigterm_stops_the_daemon_while_it_still_connects(self, cli_env):
         """`schedule` whose first connection hangs (a server that accepts and never answers,
         no connect_timeout in the URL) still handles SIGTERM: exit 1 with the interrupt
