@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -76,6 +76,21 @@ def parse_now(value: str | None) -> datetime:
         raise UsageError(f"--now {value!r} has no timezone; add one, e.g. {full}Z or {full}+00:00")
     check_clock(parsed, f"--now {value!r}")  # every command's: it stamps what it changes
     return parsed
+
+
+# How far ahead of this machine's clock an applied change may be stamped (clock skew between
+# hosts, a run started just before midnight of a typed date). Further ahead, retention windows
+# end early: `run --now 2062-…` would purge rows whose real retention has not ended.
+AHEAD = timedelta(days=1)
+
+
+def not_ahead(when: datetime, label: str, fix: str) -> None:
+    """Refuse an applied change stamped more than AHEAD past this machine's clock."""
+    if when > datetime.now(UTC) + AHEAD:
+        raise UsageError(
+            f"{label} is more than a day ahead of this machine's clock; applied, it would end "
+            f"retention windows early (purging rows before their time). {fix}"
+        )
 
 
 MAX_COUNT = 1_000_000_000  # a count given on the command line (a list's --limit)

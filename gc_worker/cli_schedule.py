@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from gc_worker.cli import Context, parse_now, parse_uuid
+from gc_worker.cli import Context, not_ahead, parse_now, parse_uuid
 from gc_worker.errors import UsageError
 
 
@@ -89,6 +89,7 @@ def _clock(args: argparse.Namespace, default: Callable[[], datetime]) -> Callabl
     if not args.once_due:
         raise UsageError("--now fixes the clock of one pass; use it with --once-due")
     fixed = parse_now(args.now)
+    not_ahead(fixed, f"--now {args.now!r}", "The daemon's pass applies what is due then.")
     return lambda: fixed
 
 

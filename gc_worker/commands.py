@@ -12,7 +12,15 @@ from typing import Any
 
 from gc_worker import engine as gc_engine
 from gc_worker import render, schema
-from gc_worker.cli import Context, parse_now, parse_uuid, positive_int, progress, write_reports
+from gc_worker.cli import (
+    Context,
+    not_ahead,
+    parse_now,
+    parse_uuid,
+    positive_int,
+    progress,
+    write_reports,
+)
 from gc_worker.errors import MemoryGCError, RunFailed, UsageError
 from gc_worker.report import build_report
 
@@ -89,6 +97,8 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
         users=tuple(args.users) if args.users else None,
         jobs=gc_engine.resolve_jobs(args.jobs or [], ctx.settings),
     )
+    if request.mode == "apply":
+        not_ahead(request.now, f"--now {args.now!r}", "Use --dry-run to preview a later date.")
     engine = ctx.engine()
     run_id = gc_engine.start_run(engine, ctx.settings, request)
     failed = _process(engine, run_id, ctx)
@@ -100,6 +110,10 @@ def cmd_apply(args: argparse.Namespace, ctx: Context) -> int:
         _check_report_path(path)
     plan_id = parse_uuid(args.run_id, "run id")  # bad input is refused before connecting
     engine = ctx.engine()
+    with engine.connect() as conn:
+        planned_for = gc_engine.load_run(conn, plan_id)["now"]
+    not_ahead(planned_for, f"run {plan_id} was planned for {planned_for.isoformat()}, which",
+              "Apply it once that time has come, or make a plan without --now.")  # fmt: skip
     max_age = ctx.settings.plan_age_limit_hours  # this environment's limit, not the plan's
     with gc_engine.applying(engine, plan_id, max_age_hours=max_age) as run_id:
         with engine.connect() as conn:

@@ -505,6 +505,33 @@ class TestBadInput:
         for table in ("gc_erasure_requests", "gc_runs", "gc_actions"):
             assert execute(engine, f"SELECT count(*) FROM {table}").scalar() == 0, table
 
+    @pytest.mark.parametrize("argv", [["run"], ["schedule", "--once-due"]])
+    def test_an_applied_clock_far_ahead_is_refused(self, engine, cli_env, capsys, argv):
+        """`--now 2062-…` for 2026 (a typo) stamped the run ahead: hard_delete's cutoff moved
+        36 years on, and rows whose retention had not ended were purged, past any restore."""
+        add(engine, "u1", "deleted yesterday", status="deleted", status_reason="unused",
+            deleted_at=days_ago(1), status_changed_at=days_ago(1))  # fmt: skip
+        before = snapshot(engine)
+        assert main([*argv, "--now", "2062-06-01T03:00:00Z"]) == 2
+        assert "more than a day ahead of this machine's clock" in capsys.readouterr().err
+        assert snapshot(engine) == before
+        assert execute(engine, "SELECT count(*) FROM gc_runs").scalar() == 0
+
+    def test_a_plan_for_a_later_date_is_a_preview_not_applied(self, engine, cli_env, capsys):
+        """A dry run may look ahead (what would happen then); its apply waits for that date."""
+        add(engine, "u1", "deleted yesterday", status="deleted", status_reason="unused",
+            deleted_at=days_ago(1), status_changed_at=days_ago(1))  # fmt: skip
+        before = snapshot(engine)
+        assert main(["run", "--dry-run", "--now", "2062-06-01T03:00:00Z"]) == 0
+        plan = execute(engine, "SELECT id FROM gc_runs").scalar()
+        capsys.readouterr()
+        assert main(["apply", str(plan)]) == 2
+        assert f"run {plan} was planned for 2062-06-01T03:00:00+00:00, which is more" in (
+            capsys.readouterr().err
+        )
+        assert snapshot(engine) == before
+        assert execute(engine, "SELECT count(*) FROM gc_runs").scalar() == 1
+
     @pytest.mark.parametrize("call", ["forget", "restore_run", "restore_memory", "verify"])
     def test_a_clock_out_of_range_is_refused_through_the_api(self, engine, settings, call):
         """The same for library callers: erasure.forget filed its request first; a restore
