@@ -72,6 +72,8 @@ class RunRequest:
         if self.now.tzinfo is None:
             raise UsageError("the run's `now` must be timezone-aware, e.g. 2026-01-31T03:00:00Z")
         check_clock(self.now, f"the run's `now` ({self.now.isoformat()})")
+        if self.users is not None:  # `--user u1 --user u1`: one user, named once in the report
+            object.__setattr__(self, "users", tuple(dict.fromkeys(self.users)))
 
 
 def resolve_jobs(requested: Sequence[str], settings: Settings) -> tuple[str, ...]:

@@ -78,6 +78,14 @@ class TestHappyPath:
         assert "1 restored" in capsys.readouterr().out
         assert status(engine, expired) == "active"
 
+    def test_a_user_named_twice_is_one_user(self, engine, cli_env, tmp_path, capsys):
+        """`--user u1 --user u1` runs u1 once and names it once ("Users: u1, u1" before)."""
+        seeded(engine)
+        path = tmp_path / "run.json"
+        argv = ["run", "--dry-run", "--user", "u1", "--user", "u1", "--now", NOW_ARG]
+        assert main([*argv, f"--report={path}"]) == 0
+        assert json.loads(path.read_text())["scope"]["users"] == ["u1"]
+
     @pytest.mark.parametrize("first_apply", ["new", "taking up a stopped one"])
     def test_a_second_apply_started_meanwhile_is_refused(
         self, engine, cli_env, capsys, monkeypatch, first_apply
