@@ -258,16 +258,25 @@ def _check_problems(conn: Connection) -> list[str]:
     ]
 
 
+ROW_SECURITY = (
+    "row-level security on memories can hide rows from this role, and the worker would act on "
+    "what it sees as if it were the whole store (e.g. complete a forget-me request of a user "
+    "whose rows it cannot see): run memory-gc as a role that bypasses it (ALTER ROLE … "
+    "BYPASSRLS, or the table's owner without FORCE ROW LEVEL SECURITY)"
+)
+
+
+def row_security_hides_rows(conn: Connection) -> bool:
+    """Whether row-level security on memories can hide rows from this session's role (checked
+    by migrate for its role, and by every command for the role it runs as)."""
+    return bool(conn.execute(q("row_security_hides_rows")).scalar())
+
+
 def _behaviour_problems(conn: Connection) -> list[str]:
     """What the application's own rules on memories would make the worker do wrong."""
     problems = _check_problems(conn)
-    if conn.execute(q("row_security_hides_rows")).scalar():
-        problems.append(
-            "row-level security on memories can hide rows from this role, and the worker would "
-            "act on what it sees as if it were the whole store (e.g. complete a forget-me "
-            "request of a user whose rows it cannot see): run memory-gc as a role that bypasses "
-            "it (ALTER ROLE … BYPASSRLS, or the table's owner without FORCE ROW LEVEL SECURITY)"
-        )
+    if row_security_hides_rows(conn):
+        problems.append(ROW_SECURITY)
     problems += [
         f"{row.tab}.{row.conname} references memories without ON DELETE CASCADE / SET NULL, so "
         f"purging a memory it names would fail (every night, for that batch): ALTER TABLE "

@@ -90,6 +90,8 @@ def require_current(engine: Engine, *, embedding_dim: int) -> None:
         )
     with engine.connect() as conn:
         check_embedding_dim(conn, embedding_dim)
+        if adoption.row_security_hides_rows(conn):  # migrate checked its own role, not this one
+            raise ConfigError(adoption.ROW_SECURITY)
 
 
 def _refuse_unknown(current: str | None) -> None:

@@ -86,3 +86,32 @@ def test_row_level_security_that_hides_rows_is_named(
     finally:
         execute(url, f"DROP OWNED BY {role}")
         pg_server.psql(f"ALTER DATABASE {name} OWNER TO postgres;")
+
+
+def test_row_level_security_is_checked_for_the_role_the_worker_runs_as(
+    empty_database_url, role, monkeypatch, capsys  # noqa: F811
+):  # fmt: skip
+    """migrate, run as the table's owner (RLS does not apply), passed the check; the worker
+    then ran as a least-privileged role under the same policy and completed a user's forget-me
+    request as "no memories left" while the user's rows stayed (found by a review). Every
+    command now refuses such a role (exit 2) before it changes anything."""
+    from gc_worker import cli
+
+    url = empty_database_url
+    execute(url, app_store(lineage=False)
+            + "ALTER TABLE memories ENABLE ROW LEVEL SECURITY;"
+            "CREATE POLICY per_user ON memories"
+            " USING (user_id = current_setting('app.user_id', true));")  # fmt: skip
+    assert migrate(monkeypatch, url, capsys)[0] == 0  # as the owner: RLS does not apply
+    execute(url, f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role};"
+                 f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role};")  # fmt: skip
+    execute(url, "INSERT INTO gc_erasure_requests (kind, user_id) VALUES ('user', 'u1')")
+    try:
+        monkeypatch.setenv("MEMORY_GC_DATABASE_URL", as_role(url, role))
+        code = cli.main(["run", "--now", "2026-06-01T03:00:00Z"])
+        err = capsys.readouterr().err
+    finally:
+        execute(url, f"DROP OWNED BY {role}")
+    assert code == 2 and "row-level security" in err and "BYPASSRLS" in err, err
+    assert scalar(url, "SELECT status FROM gc_erasure_requests WHERE user_id = 'u1'") == "pending"
+    assert scalar(url, "SELECT count(*) FROM gc_runs") == 0
