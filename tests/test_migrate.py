@@ -163,6 +163,19 @@ class TestAdoption:
         assert scalar(url, keys) == 2
         assert scalar(url, "SELECT to_regclass('memory_lineage_pair_key') IS NOT NULL")
 
+    def test_an_invalid_pair_index_is_no_pair_key(self, empty_database_url, monkeypatch, capsys):
+        """A unique (derived_id, source_id) index left invalid (a failed CREATE INDEX
+        CONCURRENTLY) enforces nothing: it was taken for the pair key, and lineage stayed
+        without one (duplicate pairs double-count merged use)."""
+        url = empty_database_url
+        lineage = ("CREATE TABLE memory_lineage (derived_id uuid, source_id uuid);"
+                   "CREATE UNIQUE INDEX lineage_pair_uq ON memory_lineage (derived_id, source_id);"
+                   "UPDATE pg_index SET indisvalid = false"
+                   " WHERE indexrelid = 'lineage_pair_uq'::regclass;")  # fmt: skip
+        execute(url, app_store(lineage=False) + lineage)
+        assert migrate(monkeypatch, url, capsys)[0] == 0
+        assert scalar(url, "SELECT to_regclass('memory_lineage_pair_key') IS NOT NULL")
+
     def test_keeps_an_index_built_concurrently_beforehand(
         self, empty_database_url, monkeypatch, capsys
     ):

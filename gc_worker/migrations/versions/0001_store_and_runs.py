@@ -95,6 +95,7 @@ def _complete_lineage() -> None:
         sa.text(
             "SELECT EXISTS (SELECT 1 FROM pg_index i"
             " WHERE i.indrelid = 'memory_lineage'::regclass AND i.indisunique"
+            " AND i.indisvalid AND i.indimmediate"  # a failed CONCURRENTLY build enforces nothing
             " AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnkeyatts = 2"
             " AND (SELECT array_agg(attname ORDER BY attname) FROM pg_attribute"
             "      WHERE attrelid = i.indrelid AND attnum = ANY(i.indkey))"
