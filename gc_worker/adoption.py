@@ -208,14 +208,20 @@ def _status_rows(status: str, reason: str) -> list[dict[str, str]]:
 
 WORKER_VALUES = (
     [row for status, reason in STATUS_WRITES for row in _status_rows(status, reason)]
-    + [
-        {"status": "'active'", "source": "'gc_merge'", "memory_type": f"'{kind}'",
-         "importance": "3", "confidence": "1.0", "metadata": "'{\"merge_depth\": 1}'"}
-        for kind in ("semantic", "summary")
-    ]
     + [{"importance": str(i)} for i in (1, 5)]
     + [{"confidence": str(c), "decayed_confidence": str(c)} for c in (0.0, 1.0)]
 )  # fmt: skip
+# The records the worker inserts (merges, summaries), whole, as gc_worker/sql/execute.sql's
+# insert_records writes them: the application's own columns get their defaults.
+CREATED_RECORDS = [
+    {"id": "gen_random_uuid()", "user_id": "'u'", "content": "'a merged memory'",
+     "memory_type": f"'{kind}'", "source": "'gc_merge'", "importance": "3",
+     "importance_assessed_at": "now()", "confidence": "1.0", "created_at": "now()",
+     "updated_at": "now()", "access_count": "0", "observed_at": "now()",
+     "metadata": "'{\"merge_depth\": 1}'", "status": "'active'", "pinned": "false",
+     "supersedes": "'{}'"}
+    for kind in ("semantic", "summary")
+]  # fmt: skip
 
 
 def _check_problems(conn: Connection) -> list[str]:
@@ -225,25 +231,30 @@ def _check_problems(conn: Connection) -> list[str]:
     checks = conn.execute(q("foreign_checks")).all()
     if not checks:
         return []
+    updated = {row.conname for row in checks if row.on_updated_columns}
     refused: set[str] = set()
     conn.exec_driver_sql("SAVEPOINT memory_gc_probe")
     try:
         conn.exec_driver_sql(
-            "CREATE TEMP TABLE memory_gc_probe (LIKE memories INCLUDING CONSTRAINTS) ON COMMIT DROP"
+            "CREATE TEMP TABLE memory_gc_probe"
+            " (LIKE memories INCLUDING CONSTRAINTS INCLUDING DEFAULTS) ON COMMIT DROP"
         )
         for column in _columns(conn, "memory_gc_probe"):  # only the CHECKs are probed
             if column.not_null:
                 conn.exec_driver_sql(
                     f'ALTER TABLE memory_gc_probe ALTER COLUMN "{column.name}" DROP NOT NULL'
                 )
-        for columns in WORKER_VALUES:
+        probes = [(row, False) for row in WORKER_VALUES] + [(r, True) for r in CREATED_RECORDS]
+        for columns, whole in probes:
             sql = (f"INSERT INTO memory_gc_probe ({', '.join(columns)})"
                    f" VALUES ({', '.join(columns.values())})")  # fmt: skip
             conn.exec_driver_sql("SAVEPOINT memory_gc_value")
             try:
                 conn.exec_driver_sql(sql)
             except sa.exc.IntegrityError as exc:
-                refused.add(getattr(exc.orig.diag, "constraint_name", None) or "?")
+                name = getattr(exc.orig.diag, "constraint_name", None) or "?"
+                if whole or name in updated:  # an update keeps the other columns' values
+                    refused.add(name)
             conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_value")
     finally:
         conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_probe")
@@ -251,10 +262,25 @@ def _check_problems(conn: Connection) -> list[str]:
         f"CHECK {row.conname} ({row.definition}) refuses a row the worker writes (statuses "
         "active/obsolete/merged/deleted with their reasons and instants — "
         f"{', '.join(sorted({r for _, r in STATUS_WRITES}))} — source 'gc_merge', memory_type "
-        "'summary', importance 1..5, confidence 0..1): ALTER TABLE memories DROP CONSTRAINT "
-        f"{row.conname}; (or widen it)"
+        "'summary', importance 1..5, confidence 0..1 — or a merged record, whose columns of "
+        "yours take their defaults): ALTER TABLE memories DROP CONSTRAINT "
+        f"{row.conname}; (or widen it, or give the columns it reads a default it accepts)"
         for row in checks
         if row.conname in refused
+    ]
+
+
+def _unique_index_problems(conn: Connection) -> list[str]:
+    """Unique indexes of the application's that a merged record would violate: it copies a
+    member's text (an exact-duplicate merge), scope and slot while the member still exists, so
+    every batch merging would fail, every night."""
+    contract = [spec[0] for spec in MEMORIES]
+    return [
+        f"unique index {row.index_name} ({row.definition}) can refuse a merged record, which "
+        "copies a member's text, scope and slot while the member still exists (retired, not "
+        f"deleted): DROP INDEX {row.index_name}; (compaction merges exact duplicates itself), "
+        "or add a column of yours to its key"
+        for row in conn.execute(q("colliding_unique_indexes"), {"contract": contract})
     ]
 
 
@@ -274,7 +300,7 @@ def row_security_hides_rows(conn: Connection) -> bool:
 
 def _behaviour_problems(conn: Connection) -> list[str]:
     """What the application's own rules on memories would make the worker do wrong."""
-    problems = _check_problems(conn)
+    problems = _check_problems(conn) + _unique_index_problems(conn)
     if row_security_hides_rows(conn):
         problems.append(ROW_SECURITY)
     problems += [

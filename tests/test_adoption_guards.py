@@ -115,3 +115,43 @@ def test_row_level_security_is_checked_for_the_role_the_worker_runs_as(
     assert code == 2 and "row-level security" in err and "BYPASSRLS" in err, err
     assert scalar(url, "SELECT status FROM gc_erasure_requests WHERE user_id = 'u1'") == "pending"
     assert scalar(url, "SELECT count(*) FROM gc_runs") == 0
+
+
+def test_a_check_on_a_column_of_yours_that_refuses_its_default_is_named(
+    empty_database_url, monkeypatch, capsys
+):
+    """A column of the application's kept NOT NULL by a CHECK (the online way to add NOT NULL)
+    refuses a merged record, which leaves the column at its default: adopted before, every
+    compaction batch with a merge then failed, every night (found by a review). A CHECK the
+    default passes, or one on a column the worker never writes to a row that has it, is fine."""
+    url = empty_database_url
+    tenant = ("ALTER TABLE memories ADD COLUMN tenant_id text;"
+              "ALTER TABLE memories ADD CONSTRAINT memories_tenant_set"
+              " CHECK (tenant_id IS NOT NULL) NOT VALID;")  # fmt: skip
+    execute(url, app_store(lineage=False) + tenant)
+    refused(monkeypatch, url, capsys, "memories_tenant_set", "a merged record")
+    execute(url, "ALTER TABLE memories ALTER COLUMN tenant_id SET DEFAULT 'shared';"
+                 "ALTER TABLE memories ADD CONSTRAINT memories_tenant_short"
+                 " CHECK (length(tenant_id) < 40);")  # fmt: skip
+    assert migrate(monkeypatch, url, capsys)[0] == 0
+
+
+def test_a_unique_index_a_merged_record_would_violate_is_named(
+    empty_database_url, monkeypatch, capsys
+):
+    """An application's dedupe key UNIQUE (user_id, content): the exact-duplicate merge
+    inserts a record with its earliest member's text while the member stays (merged), so the
+    batch failed every night. A unique key with a column of the application's is fine."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False)
+            + "ALTER TABLE memories ADD CONSTRAINT memories_user_content_key"
+            " UNIQUE (user_id, content);")  # fmt: skip
+    refused(monkeypatch, url, capsys, "unique index memories_user_content_key",
+            "DROP INDEX memories_user_content_key")  # fmt: skip
+    execute(
+        url,
+        "ALTER TABLE memories DROP CONSTRAINT memories_user_content_key;"
+        "ALTER TABLE memories ADD COLUMN external_id text;"
+        "CREATE UNIQUE INDEX memories_external_key ON memories (user_id, external_id);",
+    )
+    assert migrate(monkeypatch, url, capsys)[0] == 0

@@ -72,17 +72,36 @@ WHERE t.tgrelid = to_regclass('memories') AND NOT t.tgisinternal AND t.tgenabled
 ORDER BY 1
 
 -- foreign_checks --
--- CHECK constraints on memories other than memory-gc's own (by name) over the columns the
--- worker writes: each with its definition, to compare with what the worker writes.
-SELECT c.conname, pg_get_constraintdef(c.oid) AS definition
+-- The application's CHECK constraints on memories, each with its definition and whether it
+-- reads a column the worker updates (a status change keeps every other column as it was, so
+-- only those can refuse one; a record the worker inserts can meet any of them).
+SELECT c.conname, pg_get_constraintdef(c.oid) AS definition,
+       EXISTS (SELECT 1 FROM pg_attribute a
+               WHERE a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey)
+                 AND a.attname IN ('status', 'status_reason', 'source', 'memory_type',
+                                   'importance', 'confidence', 'decayed_confidence',
+                                   'superseded_by', 'deleted_at', 'valid_until',
+                                   'status_changed_at', 'importance_assessed_at'))
+         AS on_updated_columns
 FROM pg_constraint c
 WHERE c.conrelid = to_regclass('memories') AND c.contype = 'c'
-  AND EXISTS (SELECT 1 FROM pg_attribute a
-              WHERE a.attrelid = c.conrelid AND a.attnum = ANY(c.conkey)
-                AND a.attname IN ('status', 'status_reason', 'source', 'memory_type',
-                                  'importance', 'confidence', 'decayed_confidence',
-                                  'superseded_by', 'deleted_at', 'valid_until',
-                                  'status_changed_at', 'importance_assessed_at'))
+ORDER BY 1
+
+-- colliding_unique_indexes --
+-- The application's unique indexes on memories, other than id's, that a record the worker
+-- inserts can violate: keyed only on contract columns (or expressions), which a merged record
+-- copies from a member that still exists (retired, not deleted), or NULLS NOT DISTINCT.
+SELECT c.relname AS index_name, pg_get_indexdef(i.indexrelid) AS definition
+FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE i.indrelid = to_regclass('memories') AND i.indisunique
+  AND NOT (i.indnkeyatts = 1 AND i.indexprs IS NULL
+           AND (SELECT attname FROM pg_attribute
+                WHERE attrelid = i.indrelid AND attnum = i.indkey[0]) = 'id')
+  AND (pg_get_indexdef(i.indexrelid) LIKE '%NULLS NOT DISTINCT%'
+       OR NOT EXISTS (SELECT 1 FROM pg_attribute a
+                      WHERE a.attrelid = i.indrelid AND a.attnum > 0
+                        AND a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1])
+                        AND NOT a.attname = ANY(CAST(:contract AS name[]))))
 ORDER BY 1
 
 -- misplaced_indexes --
