@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -21,7 +21,14 @@ from uuid import UUID
 from tqdm import tqdm
 
 from gc_worker import db, logs, schema
-from gc_worker.config import Runtime, Settings, check_clock, load_runtime, load_settings
+from gc_worker.config import (
+    AHEAD,
+    Runtime,
+    Settings,
+    check_clock,
+    load_runtime,
+    load_settings,
+)
 from gc_worker.errors import MemoryGCError, UsageError
 
 Handler = Callable[[argparse.Namespace, "Context"], int]
@@ -76,12 +83,6 @@ def parse_now(value: str | None) -> datetime:
         raise UsageError(f"--now {value!r} has no timezone; add one, e.g. {full}Z or {full}+00:00")
     check_clock(parsed, f"--now {value!r}")  # every command's: it stamps what it changes
     return parsed
-
-
-# How far ahead of this machine's clock an applied change may be stamped (clock skew between
-# hosts, a run started just before midnight of a typed date). Further ahead, retention windows
-# end early: `run --now 2062-…` would purge rows whose real retention has not ended.
-AHEAD = timedelta(days=1)
 
 
 def not_ahead(when: datetime, label: str, fix: str) -> None:

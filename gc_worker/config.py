@@ -18,7 +18,7 @@ import tomllib
 import typing
 import zoneinfo
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -48,6 +48,10 @@ MAX_DAYS = 36_500
 # A run's clock outside these years is a typo, and the cutoffs computed from it would overflow
 # (or, far in the past, stamp changes that make retention end at once).
 NOW_YEARS = (1971, 9000)
+# How far ahead of the machine's clock an applied change may be stamped (clock skew between
+# hosts, a run started just before midnight of a typed date). Further ahead, retention windows
+# end early: `run --now 2062-…` would purge rows whose real retention has not ended.
+AHEAD = timedelta(days=1)
 
 
 def check_clock(now: datetime, label: str) -> None:

@@ -174,8 +174,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
                 f"MEMORY_GC_DATABASE_URL ({_redact(url)}) was refused by the driver: "
                 f"{str(exc.orig).removeprefix('connection is bad: ')}; fix the URL's options"
             ) from None
-        raise DatabaseUnavailable(
-            f"cannot connect to the database ({_redact(url)}): {exc.orig}; "
+        raise DatabaseUnavailable(  # one line: libpq adds "\n\tIs the server running …"
+            f"cannot connect to the database ({_redact(url)}): {' '.join(str(exc.orig).split())}; "
             "check MEMORY_GC_DATABASE_URL and that the server is running"
         ) from None
     except sa.exc.ProgrammingError as exc:  # e.g. ?bogus=1: an option libpq does not know

@@ -41,7 +41,7 @@ def run_demo(ctx: Any, *, output_dir: Path | None = None, apply: bool = False) -
         report = build_report(conn, run_id)
     out = output_dir or ctx.runtime.data_dir / "demo-reports"
     paths = [write_report(report, out / f"dry-run.{fmt}") for fmt in ("json", "md", "html")]
-    print(demo_summary(report, len(rows), paths))
+    print(demo_summary(report, len(rows), paths, applying=apply))
     if apply:
         _apply_and_rerun(engine, settings, run_id, out)
     engine.dispose()
@@ -75,7 +75,9 @@ def _insert(engine: sa.Engine, rows: list[dict[str, Any]]) -> None:
         )
 
 
-def demo_summary(report: dict[str, Any], seeded: int, paths: list[Path]) -> str:
+def demo_summary(
+    report: dict[str, Any], seeded: int, paths: list[Path], applying: bool = False
+) -> str:
     users = report["per_user"]
     lines = [
         f"memory-gc demo: seeded {seeded} memories for {len(users) or 'no'} users "
@@ -91,7 +93,8 @@ def demo_summary(report: dict[str, Any], seeded: int, paths: list[Path]) -> str:
     lines += ["", "  per user: " + ", ".join(f"{u} {r['actions']}" for u, r in users.items())]
     lines += deferred_lines([a for a in report["actions"] if a["action"] == "deferred"])
     lines += ["", "reports:"] + [f"  {p}" for p in paths]
-    lines += ["", "to apply it and see a second run find nothing left: memory-gc demo --apply"]
+    if not applying:
+        lines += ["", "to apply it and see a second run find nothing left: memory-gc demo --apply"]
     return "\n".join(lines)
 
 

@@ -240,6 +240,11 @@ def _check_plan(conn: Connection, plan: dict[str, Any]) -> None:
         raise UsageError(f"run {plan['id']} is not a dry run; only a dry run's plan can be applied")
     if plan["status"] == "failed" and not _pending(conn, plan["id"]):
         return
+    if plan["status"] == "running":  # or stopped: a dry run nobody works is left running
+        raise UsageError(
+            f"run {plan['id']} has not completed (it is running, or was stopped: `memory-gc "
+            "runs` shows which); only a completed plan can be applied"
+        )
     if plan["status"] != "completed":
         raise UsageError(
             f"run {plan['id']} is {plan['status']}; only a completed plan can be applied"

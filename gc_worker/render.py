@@ -20,9 +20,11 @@ import json
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import PurePath
 from typing import Any
+
+from gc_worker.config import AHEAD
 
 Report = Mapping[str, Any]
 Rows = list[list[Any]]
@@ -350,6 +352,17 @@ def _too_old(report: Report) -> str:
     )
 
 
+def _ahead(report: Report) -> str | None:
+    """The report's `now` when `apply` would refuse it as ahead of the clock (cli.not_ahead)."""
+    try:
+        now = datetime.fromisoformat(str(report.get("now")))
+    except ValueError:
+        return None
+    if now.tzinfo is None or now <= datetime.now(UTC) + AHEAD:
+        return None
+    return now.isoformat()
+
+
 def banner(report: Report) -> tuple[str, str, str]:
     """(kind, headline, what to do next) for the top of a rendered report. The command it
     suggests is one that works for this run's mode and status."""
@@ -373,6 +386,18 @@ def banner(report: Report) -> tuple[str, str, str]:
             )  # fmt: skip
         if status != "completed":
             return "dry", f"Dry run — {status}, not complete.", "Its plan cannot be applied."
+        if report.get("trigger") == "demo":  # its own database: `apply` would not find it
+            return (
+                "dry",
+                nothing,
+                "To apply it in the demo's database, run `memory-gc demo --apply`",
+            )
+        if (ahead := _ahead(report)) is not None:
+            return "dry", nothing, (
+                f"Its plan is for {ahead}, more than a day ahead of this clock: `memory-gc apply` "
+                "refuses it until a day before then. To act at that date, plan again then "
+                "(`memory-gc run --dry-run`)."
+            )  # fmt: skip
         return "dry", nothing, f"To apply exactly this plan, run `memory-gc apply {run_id}`"
     if report.get("kind") == "restore" or report.get("mode") == "restore":  # older reports
         return "applied", "Restore run.", "It put back what is listed; it cannot itself be undone."

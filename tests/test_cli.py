@@ -415,6 +415,22 @@ class TestBadInput:
             monkeypatch.setenv(key, value)
         assert main(["runs"]) == code
 
+    def test_an_unreachable_database_is_one_line(self, monkeypatch, capsys):
+        """libpq's "\n\tIs the server running …" made the one-line error two."""
+        monkeypatch.setenv("MEMORY_GC_DATABASE_URL", "postgresql://u@127.0.0.1:1/x")
+        assert main(["runs"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "cannot connect to the database" in err, err
+
+    def test_a_stopped_plan_is_not_called_running(self, engine, cli_env, capsys):
+        """A dry run left unfinished shows as stopped in `runs`; `apply` said it "is running"."""
+        seeded(engine)
+        assert main(["run", "--dry-run", "--now", NOW_ARG]) == 0
+        plan = run_id_from(capsys.readouterr().out)
+        execute(engine, "UPDATE gc_runs SET status = 'running', finished_at = NULL")
+        assert main(["apply", plan]) == 2
+        assert "has not completed (it is running, or was stopped" in capsys.readouterr().err
+
     def test_a_bad_model_url_is_named_without_its_key(self, monkeypatch, capsys):
         monkeypatch.setenv("OPENAI_BASE_URL", "https://user:sk-SECRET@proxy.internal:70000/v1")
         assert main(["runs"]) == 2

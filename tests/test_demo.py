@@ -34,7 +34,33 @@ class TestDemo:
         """demo --apply applies the plan and a second run right after changes nothing."""
         monkeypatch.setenv("MEMORY_GC_DATA_DIR", str(pg_data_dir))
         assert main(["demo", "--apply", "--output-dir", str(tmp_path)]) == 0
-        assert "second run right after: 0 changes" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "second run right after: 0 changes" in out
+        assert "memory-gc demo --apply" not in out  # not suggested when it is what ran
+
+    def test_the_demos_override_is_one(self, pg_server, pg_data_dir, monkeypatch, tmp_path):
+        """ "Evening meetings are fine this week" overrides "no evening meetings" for its week
+        (it names it in `supersedes`): the read rule shows the override alone, and the banner
+        of the demo's plan points at `demo --apply`, which works, not `apply RUN`, which
+        would not find the demo's database."""
+        import sqlalchemy as sa
+
+        from gc_worker import db
+        from gc_worker.demo import DEMO_DB, DEMO_NOW
+
+        monkeypatch.setenv("MEMORY_GC_DATA_DIR", str(pg_data_dir))
+        assert main(["demo", "--output-dir", str(tmp_path)]) == 0
+        assert "`memory-gc demo --apply`" in (tmp_path / "dry-run.md").read_text()
+        engine = db.make_engine(db.embedded_url(pg_data_dir, DEMO_DB))
+        try:
+            with engine.connect() as conn:
+                current = conn.execute(
+                    sa.text("SELECT content FROM memory_gc_current('alice', 'scheduling', :at)"),
+                    {"at": DEMO_NOW},
+                ).scalars().all()  # fmt: skip
+        finally:
+            engine.dispose()
+        assert current == ["Evening meetings are fine for Alice this week"]
 
 
 def report_actions(out_dir) -> list[dict]:

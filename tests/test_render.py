@@ -206,6 +206,11 @@ class TestBanner:
              "request stays pending", None),
             ({"mode": "apply", "status": "running", "plan_run_id": "p1"}, "incomplete",
              "A process is working", None),
+            # the demo's plan is in the demo's own database: `apply` there found no such run
+            ({"trigger": "demo"}, "dry", "nothing was changed", "memory-gc demo --apply"),
+            # `apply` refuses a plan for more than a day ahead (cli.not_ahead)
+            ({"now": "2062-06-01T03:00:00+00:00"}, "dry", "more than a day ahead",
+             "memory-gc run --dry-run"),
         ],
     )  # fmt: skip
     def test_banner(self, report, changes, kind, says, suggests) -> None:
