@@ -7,6 +7,7 @@ finds the schema current. It refuses (exit 2) a schema newer than this build.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -18,18 +19,30 @@ from alembic.util.exc import CommandError
 from sqlalchemy.engine import Connection, Engine
 
 from gc_worker import adoption
-from gc_worker.errors import ConfigError, SchemaOutdated
+from gc_worker.errors import ConfigError, DatabaseUnavailable, SchemaOutdated
 
 VERSION_TABLE = "memory_gc_alembic_version"
 MIGRATIONS = Path(__file__).parent / "migrations"
 # one `migrate` at a time; the others wait for it whatever lock_timeout the URL sets (it is for
 # the application's tables): the wait has no time limit, then the session's setting is back
-MIGRATE_LOCK = (
-    "SELECT set_config('memory_gc.lock_timeout', current_setting('lock_timeout'), true);"
-    "SET LOCAL lock_timeout = 0;"
-    "SELECT pg_advisory_xact_lock(4242004, 0);"
-    "SELECT set_config('lock_timeout', current_setting('memory_gc.lock_timeout'), true)"
-)
+# A lock migrate waits for on the application's tables queues every read and write of them
+# behind it, for as long as the transaction it waits on stays open: without a lock_timeout of
+# the operator's (the URL's options), migrate waits at most this long, then rolls back and
+# tries again, MIGRATE_ATTEMPTS times in all.
+MIGRATE_LOCK_TIMEOUT = "5s"
+MIGRATE_ATTEMPTS = 3
+
+
+def _migrate_lock() -> str:
+    """One migrate at a time (waiting without limit for another), then the lock timeout."""
+    default = MIGRATE_LOCK_TIMEOUT.replace("'", "")
+    return (
+        "SELECT set_config('memory_gc.lock_timeout', current_setting('lock_timeout'), true);"
+        "SET LOCAL lock_timeout = 0;"
+        "SELECT pg_advisory_xact_lock(4242004, 0);"
+        "SELECT set_config('lock_timeout', CASE current_setting('memory_gc.lock_timeout')"
+        f" WHEN '0' THEN '{default}' ELSE current_setting('memory_gc.lock_timeout') END, true)"
+    )
 
 
 def _alembic_config() -> Config:
@@ -57,10 +70,30 @@ def _revision_on(conn: Connection) -> str | None:
 
 
 def migrate(engine: Engine, *, embedding_dim: int) -> tuple[str | None, str]:
-    """Upgrade to head in one transaction; returns (revision before, revision after)."""
+    """Upgrade to head in one transaction; returns (revision before, revision after). A lock
+    not had within the lock timeout rolls everything back; tried MIGRATE_ATTEMPTS times."""
+    for attempt in range(1, MIGRATE_ATTEMPTS + 1):
+        try:
+            return _migrate(engine, embedding_dim)
+        except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
+                raise
+            if attempt == MIGRATE_ATTEMPTS:
+                raise DatabaseUnavailable(
+                    f"migrate could not take a lock it needs within the lock timeout "
+                    f"({MIGRATE_LOCK_TIMEOUT} unless the URL sets one), {attempt} times: a "
+                    "transaction of the application's holds it. Nothing was changed; run "
+                    "migrate again at a quieter moment, or run docs/operations.md's online "
+                    "statements first"
+                ) from None
+            time.sleep(attempt)
+    raise AssertionError("unreachable")
+
+
+def _migrate(engine: Engine, embedding_dim: int) -> tuple[str | None, str]:
     cfg = _alembic_config()
     with engine.begin() as conn:
-        conn.exec_driver_sql(MIGRATE_LOCK)
+        conn.exec_driver_sql(_migrate_lock())
         before = _revision_on(conn)  # read under the lock: a concurrent migrate has committed
         _refuse_unknown(before)
         if before is None:

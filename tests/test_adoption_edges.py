@@ -140,7 +140,7 @@ def test_concurrent_migrate_waits_even_under_the_documented_lock_timeout(
     holder = db.make_engine(empty_database_url)
     try:
         with holder.connect() as conn:
-            conn.exec_driver_sql(schema.MIGRATE_LOCK)
+            conn.exec_driver_sql(schema._migrate_lock())
             release = threading.Timer(3.0, conn.connection.dbapi_connection.rollback)
             release.start()
             url = f"{empty_database_url}&options=-c%20lock_timeout%3D1s"

@@ -210,15 +210,35 @@ class TestAdoption:
         url = empty_database_url
         execute(url, app_store())
         impatient = f"{url}&options=-c%20lock_timeout%3D2s"
+        monkeypatch.setattr(schema, "MIGRATE_ATTEMPTS", 1)
         with application_writing(url):
             code, _, err = migrate(monkeypatch, impatient, capsys)
-        assert code == 1 and "LockNotAvailable" in err, err
+        assert code == 1 and "could not take a lock" in err, err
         assert untouched(url)
         for statement in online_statements():
             execute(url, statement, autocommit=True)
         with application_writing(url):
             code, _, err = migrate(monkeypatch, impatient, capsys)
         assert code == 0, err
+
+    def test_migrate_never_queues_the_application_without_a_limit(
+        self, empty_database_url, monkeypatch, capsys
+    ):
+        """Without a lock_timeout of the operator's, migrate waited for an open application
+        transaction without limit, and every read and write of memories queued behind it. It
+        now gives up after its own timeout, tries again, and then exits 1 with nothing
+        changed; once the application's transaction ends it goes through."""
+        url = empty_database_url
+        execute(url, app_store())
+        monkeypatch.setattr(schema, "MIGRATE_LOCK_TIMEOUT", "500ms")
+        monkeypatch.setattr(schema, "MIGRATE_ATTEMPTS", 2)
+        with application_writing(url):
+            started = time.monotonic()
+            code, _, err = migrate(monkeypatch, url, capsys)
+            waited = time.monotonic() - started
+        assert code == 1 and "could not take a lock" in err and "2 times" in err, err
+        assert waited < 30 and untouched(url)
+        assert migrate(monkeypatch, url, capsys)[0] == 0
 
     def test_another_dimension_names_the_setting(self, empty_database_url, monkeypatch, capsys):
         """A store of vector(1536) under embeddings.dim = 8: exit 2 with the value to set."""
@@ -381,7 +401,7 @@ class TestConcurrentMigrates:
         result: list[object] = []
         try:
             with holder.connect() as conn:
-                conn.exec_driver_sql(schema.MIGRATE_LOCK)
+                conn.exec_driver_sql(schema._migrate_lock())
                 worker = threading.Thread(
                     target=lambda: result.append(schema.migrate(engine, embedding_dim=TEST_DIM))
                 )
