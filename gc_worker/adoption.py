@@ -90,6 +90,7 @@ def prepare(conn: Connection, embedding_dim: int) -> None:
     """Refuse (ConfigError) unless migration 0001 can create or adopt the store here."""
     who = _require_schema_privilege(conn)
     _ensure_pgvector(conn, who)
+    _require_one_schema(conn, who)
     problems = [
         *memories_problems(conn, embedding_dim),
         *lineage_problems(conn),
@@ -121,6 +122,29 @@ def _require_schema_privilege(conn: Connection) -> Any:
             f"{RERUN}"
         )
     return who
+
+
+def _require_one_schema(conn: Connection, who: Any) -> None:
+    """memory-gc makes its tables, view and functions in the first schema of its search_path,
+    and the functions name the tables unqualified: memories must be there, and pgvector's type
+    visible. Otherwise the application's reads through memory_gc_current and its inserts under
+    the tombstone trigger fail, or migrate fails half-way with a raw error."""
+    placed = conn.execute(q("schemas_of_the_store")).one()
+    path = f"?options=-csearch_path%3D{who.schema_name}"
+    if placed.vector_schema is not None and not placed.vector_visible:
+        raise ConfigError(
+            f"pgvector is installed in schema {placed.vector_schema}, which is not on the "
+            f"search_path of role {who.role_name}: add it after {who.schema_name} (e.g. "
+            f"{path},{placed.vector_schema} in MEMORY_GC_DATABASE_URL), {RERUN}"
+        )
+    if placed.memories_schema is not None and placed.memories_schema != who.schema_name:
+        raise ConfigError(
+            f"memories is in schema {placed.memories_schema}, but memory-gc would put its "
+            f"tables, view and functions in {who.schema_name} (the first schema of its "
+            f"search_path), where the application's session would not find them together: "
+            f"put {placed.memories_schema} first (e.g. ?options=-csearch_path%3D"
+            f"{placed.memories_schema} in MEMORY_GC_DATABASE_URL), {RERUN}"
+        )
 
 
 def _ensure_pgvector(conn: Connection, who: Any) -> None:

@@ -155,3 +155,29 @@ def test_a_unique_index_a_merged_record_would_violate_is_named(
         "CREATE UNIQUE INDEX memories_external_key ON memories (user_id, external_id);",
     )
     assert migrate(monkeypatch, url, capsys)[0] == 0
+
+
+def test_a_store_in_another_schema_than_memory_gcs_is_named(
+    empty_database_url, monkeypatch, capsys
+):
+    """search_path=gc,public with the application's memories in public: migrate put its view
+    and functions in gc, naming the tables unqualified, and the application's session then
+    failed in them (memory_gc_current: relation "gc_actions" does not exist; every insert
+    under the tombstone trigger). Found by a review."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False) + "CREATE SCHEMA gc;")
+    code, _, err = migrate(monkeypatch, f"{url}&options=-csearch_path%3Dgc,public", capsys)
+    assert code == 2 and "memories is in schema public" in err and "put public first" in err, err
+    assert scalar(url, "SELECT to_regclass('gc.gc_runs') IS NULL")
+
+
+def test_pgvector_outside_the_search_path_is_named(empty_database_url, monkeypatch, capsys):
+    """pgvector created in public (as a superuser does), memory-gc given schema app alone:
+    migrate failed half-way, exit 1, 'type "vector" does not exist'."""
+    url = empty_database_url
+    execute(url, "CREATE EXTENSION vector; CREATE SCHEMA app;")
+    code, _, err = migrate(monkeypatch, f"{url}&options=-csearch_path%3Dapp", capsys)
+    assert code == 2 and "pgvector is installed in schema public" in err, err
+    code, _, err = migrate(monkeypatch, f"{url}&options=-csearch_path%3Dapp,public", capsys)
+    assert code == 0, err
+    assert scalar(url, "SELECT to_regclass('app.memories') IS NOT NULL")

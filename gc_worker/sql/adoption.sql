@@ -112,3 +112,11 @@ WHERE c.relname = ANY(:names)
   AND i.indrelid NOT IN (coalesce(to_regclass('memories'), 0), coalesce(to_regclass('memory_lineage'), 0))
   AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
 ORDER BY 1
+
+-- schemas_of_the_store --
+-- Where memories is (NULL: not yet), where pgvector is installed and whether its type is visible.
+SELECT (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.oid = to_regclass('memories')) AS memories_schema,
+       (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+        WHERE e.extname = 'vector') AS vector_schema,
+       to_regtype('vector') IS NOT NULL AS vector_visible
