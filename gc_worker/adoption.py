@@ -413,6 +413,15 @@ def _vector_dim(type_name: str) -> int | None:
 # observed_at defaulting to now() would stamp every existing row with one instant, and the
 # read rule and the contradiction job would then rank a slot's values by creation time alone.
 BACKFILL = {"observed_at": "created_at"}
+# Columns an application that never tracked them leaves NULL, and what that would mean.
+UNTRACKED = {
+    "last_accessed_at": (
+        " (NULL is 'never used': the first usage_prune would then retire every row older than "
+        "usage_prune.unused_days at or below its max_importance, the default importance 3 "
+        "included. To count use from the adoption on instead, also run UPDATE memories SET "
+        "last_accessed_at = now(); — or start with [usage_prune] enabled = false)"
+    ),
+}
 
 
 def _add_column(name: str, type_: str, not_null: bool, default: str | None, dim: int) -> str:
@@ -421,7 +430,7 @@ def _add_column(name: str, type_: str, not_null: bool, default: str | None, dim:
     source = BACKFILL.get(name)
     if source is None:
         ddl = base + (" NOT NULL" if not_null else "") + (f" DEFAULT {default}" if default else "")
-        return f"ALTER TABLE memories ADD COLUMN {ddl};"
+        return f"ALTER TABLE memories ADD COLUMN {ddl};" + UNTRACKED.get(name, "")
     tail = ", ".join(
         [f"ALTER COLUMN {name} SET DEFAULT {default}"] * bool(default)
         + [f"ALTER COLUMN {name} SET NOT NULL"] * not_null

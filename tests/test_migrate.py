@@ -267,6 +267,23 @@ class TestAdoption:
         assert "column tenant is NOT NULL without a default" in err
         assert untouched(url) and scalar(url, "SELECT to_regclass('active_memories')") is not None
 
+    def test_a_use_never_tracked_is_explained_before_it_is_added(
+        self, empty_database_url, monkeypatch, capsys
+    ):
+        """An application that never tracked last_accessed_at: the column the advice added was
+        NULL, "never used", and the first usage_prune retired every row past unused_days at
+        importance 3 or less, the default included (found by a review). The advice says so
+        and how to start counting use at adoption instead."""
+        url = empty_database_url
+        execute(
+            url, app_store(lineage=False) + "ALTER TABLE memories DROP COLUMN last_accessed_at;"
+        )
+        code, _, err = migrate(monkeypatch, url, capsys)
+        assert code == 2, err
+        assert "ALTER TABLE memories ADD COLUMN last_accessed_at timestamptz;" in err
+        assert "UPDATE memories SET last_accessed_at = now();" in err
+        assert "[usage_prune] enabled = false" in err
+
     def test_rows_breaking_a_check_roll_the_whole_migration_back(
         self, empty_database_url, monkeypatch, capsys
     ):
