@@ -257,19 +257,27 @@ def _check_problems(conn: Connection) -> list[str]:
         return []
     updated = {row.conname for row in checks if row.on_updated_columns}
     refused: set[str] = set()
+    failing: dict[str, None] = {}
     conn.exec_driver_sql("SAVEPOINT memory_gc_probe")
     try:
         conn.exec_driver_sql(
             "CREATE TEMP TABLE memory_gc_probe"
             " (LIKE memories INCLUDING CONSTRAINTS INCLUDING DEFAULTS) ON COMMIT DROP"
         )
+        present = set()
         for column in _columns(conn, "memory_gc_probe"):  # only the CHECKs are probed
+            present.add(column.name)
             if column.not_null:
                 conn.exec_driver_sql(
                     f'ALTER TABLE memory_gc_probe ALTER COLUMN "{column.name}" DROP NOT NULL'
                 )
+        for name in conn.execute(q("probe_sequence_defaults")).scalars():  # the application's
+            conn.exec_driver_sql(  # sequences are not probed: nextval is never rolled back
+                f'ALTER TABLE memory_gc_probe ALTER COLUMN "{name}" DROP DEFAULT'
+            )
         probes = [(row, False) for row in WORKER_VALUES] + [(r, True) for r in CREATED_RECORDS]
-        for columns, whole in probes:
+        for values, whole in probes:
+            columns = {c: v for c, v in values.items() if c in present}  # missing: listed apart
             sql = (f"INSERT INTO memory_gc_probe ({', '.join(columns)})"
                    f" VALUES ({', '.join(columns.values())})")  # fmt: skip
             conn.exec_driver_sql("SAVEPOINT memory_gc_value")
@@ -279,10 +287,16 @@ def _check_problems(conn: Connection) -> list[str]:
                 name = getattr(exc.orig.diag, "constraint_name", None) or "?"
                 if whole or name in updated:  # an update keeps the other columns' values
                     refused.add(name)
+            except sa.exc.DBAPIError as exc:  # a default or CHECK of the application's raising
+                failing[str(exc.orig).splitlines()[0]] = None
             conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_value")
     finally:
         conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_probe")
     return [
+        f"a row the worker writes fails in a default or CHECK of yours ({error}): give the "
+        "column a default, and the CHECK a rule, that work in any session"
+        for error in failing
+    ] + [
         f"CHECK {row.conname} ({row.definition}) refuses a row the worker writes (statuses "
         "active/obsolete/merged/deleted with their reasons and instants — "
         f"{', '.join(sorted({r for _, r in STATUS_WRITES}))} — source 'gc_merge', memory_type "

@@ -343,7 +343,7 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         if not name.startswith(ENV_PREFIX) or name[len(ENV_PREFIX) :] in RUNTIME_ENV:
             continue
         rest = name[len(ENV_PREFIX) :]
-        if "__" not in rest and SERVICE_LINK.fullmatch(rest):
+        if "__" not in rest and _service_link(rest, raw):
             continue
         if "__" not in rest:
             options = [ENV_PREFIX + n for n in sorted(RUNTIME_ENV)]
@@ -354,6 +354,18 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         section, key = rest.lower().split("__", 1)
         layer.setdefault(section, {})[key] = _parse_env_value(raw)
     return layer
+
+
+def _service_link(name: str, value: str) -> bool:
+    """Whether MEMORY_GC_``name`` = ``value`` is one of Kubernetes' service links. Their
+    <SERVICE>_PORT is a URL (tcp://10.96.0.12:9108): a bare number there is someone's
+    mistyped option (MEMORY_GC_DATABASE_PORT=5433), still refused."""
+    if not SERVICE_LINK.fullmatch(name):
+        return False
+    if name == "PORT" or (name.endswith("_PORT") and "SERVICE_PORT" not in name
+                          and not re.search(r"(?:^|_)PORT_[0-9]+_[A-Z]+_PORT$", name)):  # fmt: skip
+        return re.fullmatch(r"(?:tcp|udp|sctp)://\S+", value) is not None
+    return True
 
 
 def _parse_env_value(raw: str) -> Any:

@@ -36,12 +36,13 @@ MIGRATE_ATTEMPTS = 3
 def _migrate_lock() -> str:
     """One migrate at a time (waiting without limit for another), then the lock timeout."""
     default = MIGRATE_LOCK_TIMEOUT.replace("'", "")
-    return (
-        "SELECT set_config('memory_gc.lock_timeout', current_setting('lock_timeout'), true);"
+    return (  # the operator's lock_timeout is any not at its default (0 included)
+        "SELECT set_config('memory_gc.lock_timeout', CASE (SELECT source FROM pg_settings"
+        f" WHERE name = 'lock_timeout') WHEN 'default' THEN '{default}'"
+        " ELSE current_setting('lock_timeout') END, true);"
         "SET LOCAL lock_timeout = 0;"
         "SELECT pg_advisory_xact_lock(4242004, 0);"
-        "SELECT set_config('lock_timeout', CASE current_setting('memory_gc.lock_timeout')"
-        f" WHEN '0' THEN '{default}' ELSE current_setting('memory_gc.lock_timeout') END, true)"
+        "SELECT set_config('lock_timeout', current_setting('memory_gc.lock_timeout'), true)"
     )
 
 

@@ -181,3 +181,51 @@ def test_pgvector_outside_the_search_path_is_named(empty_database_url, monkeypat
     code, _, err = migrate(monkeypatch, f"{url}&options=-csearch_path%3Dapp,public", capsys)
     assert code == 0, err
     assert scalar(url, "SELECT to_regclass('app.memories') IS NOT NULL")
+
+
+def test_the_probe_lists_a_missing_column_and_spares_the_applications_sequence(
+    empty_database_url, monkeypatch, capsys
+):
+    """The probe of whole merged records named a column the table lacked (exit 1, a raw
+    UndefinedColumn, instead of the list of fixes), and drew 24 numbers from the application's
+    sequence (nextval is never rolled back). Found by a review of the probe's first version."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False)
+            + "ALTER TABLE memories ADD COLUMN seq bigserial;"
+            "ALTER TABLE memories ADD CONSTRAINT content_set CHECK (content <> '');")  # fmt: skip
+    before = scalar(url, "SELECT last_value FROM memories_seq_seq")
+    execute(url, "ALTER TABLE memories DROP COLUMN observed_at;")
+    refused(monkeypatch, url, capsys, "missing column observed_at")
+    assert scalar(url, "SELECT last_value FROM memories_seq_seq") == before
+    execute(url, "ALTER TABLE memories ADD COLUMN observed_at timestamptz NOT NULL DEFAULT now()")
+    assert migrate(monkeypatch, url, capsys)[0] == 0
+    assert scalar(url, "SELECT last_value FROM memories_seq_seq") == before
+
+
+def test_a_default_that_fails_outside_the_applications_session_is_named(
+    empty_database_url, monkeypatch, capsys
+):
+    """A default reading the application's session setting fails in every merged record the
+    worker inserts: named (exit 2), not a raw exit 1."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False)
+            + "ALTER TABLE memories ADD COLUMN tenant text;"
+            "ALTER TABLE memories ALTER COLUMN tenant SET DEFAULT current_setting('app.tenant');"
+            "ALTER TABLE memories ADD CONSTRAINT content_set CHECK (content <> '');")  # fmt: skip
+    refused(monkeypatch, url, capsys, "a row the worker writes fails in a default or CHECK",
+            "app.tenant")  # fmt: skip
+
+
+def test_unique_indexes_a_merged_record_cannot_violate_are_fine(
+    empty_database_url, monkeypatch, capsys
+):
+    """Keyed on id (a merged record has a new one), an expression or a predicate over a column
+    of the application's (NULL in a merged record): the first version refused all three."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False)
+            + "ALTER TABLE memories ADD COLUMN external_ref text;"
+            "ALTER TABLE memories ADD CONSTRAINT memories_id_user_key UNIQUE (id, user_id);"
+            "CREATE UNIQUE INDEX memories_ext ON memories (user_id, lower(external_ref));"
+            "CREATE UNIQUE INDEX memories_imported ON memories (user_id, content)"
+            " WHERE external_ref IS NOT NULL;")  # fmt: skip
+    assert migrate(monkeypatch, url, capsys)[0] == 0

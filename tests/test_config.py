@@ -134,8 +134,12 @@ class TestErrors:
             "MEMORY_GC_METRICS_SERVICE_HOST": "10.96.0.13",
         }
         assert load_settings(env=links) == Settings()
+        assert load_settings(env={"MEMORY_GC_METRICS_PORT": "tcp://10.96.0.13:9108"}) == Settings()
         with pytest.raises(ConfigError, match="MEMORY_GC_DATABASE_URL"):
             load_settings(env=links | {"MEMORY_GC_DATABASE_ULR": "x"})
+        for mistyped in ("MEMORY_GC_DATABASE_PORT", "MEMORY_GC_PORT"):  # a number: not a link
+            with pytest.raises(ConfigError, match=mistyped):
+                load_settings(env={mistyped: "5433"})
 
     def test_broken_toml(self, tmp_path):
         """A file that is not TOML is refused with the parser's position."""

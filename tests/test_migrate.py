@@ -240,6 +240,19 @@ class TestAdoption:
         assert waited < 30 and untouched(url)
         assert migrate(monkeypatch, url, capsys)[0] == 0
 
+    def test_a_lock_timeout_of_the_urls_is_kept_even_zero(self, engine):
+        """The URL's lock_timeout wins over migrate's default, 0 (wait without limit) too."""
+        url = engine.url.render_as_string(hide_password=False)
+        for options, expected in (("", "5s"), ("&options=-c%20lock_timeout%3D0", "0"),
+                                  ("&options=-c%20lock_timeout%3D2s", "2s")):  # fmt: skip
+            probe = db.make_engine(url + options)
+            try:
+                with probe.begin() as conn:
+                    conn.exec_driver_sql(schema._migrate_lock())
+                    assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == expected
+            finally:
+                probe.dispose()
+
     def test_another_dimension_names_the_setting(self, empty_database_url, monkeypatch, capsys):
         """A store of vector(1536) under embeddings.dim = 8: exit 2 with the value to set."""
         url = empty_database_url

@@ -88,20 +88,27 @@ WHERE c.conrelid = to_regclass('memories') AND c.contype = 'c'
 ORDER BY 1
 
 -- colliding_unique_indexes --
--- The application's unique indexes on memories, other than id's, that a record the worker
--- inserts can violate: keyed only on contract columns (or expressions), which a merged record
--- copies from a member that still exists (retired, not deleted), or NULLS NOT DISTINCT.
+-- The application's unique indexes on memories that a record the worker inserts can violate:
+-- not keyed on id (a merged record has a new one), and reading only contract columns — in
+-- keys, expressions and predicate alike — which a merged record copies from a member that
+-- still exists (retired, not deleted); or NULLS NOT DISTINCT (its columns of the
+-- application's are NULL in every merged record).
 SELECT c.relname AS index_name, pg_get_indexdef(i.indexrelid) AS definition
 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
 WHERE i.indrelid = to_regclass('memories') AND i.indisunique
-  AND NOT (i.indnkeyatts = 1 AND i.indexprs IS NULL
-           AND (SELECT attname FROM pg_attribute
-                WHERE attrelid = i.indrelid AND attnum = i.indkey[0]) = 'id')
+  AND NOT EXISTS (SELECT 1 FROM pg_attribute a
+                  WHERE a.attrelid = i.indrelid AND a.attname = 'id'
+                    AND a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1]))
   AND (pg_get_indexdef(i.indexrelid) LIKE '%NULLS NOT DISTINCT%'
-       OR NOT EXISTS (SELECT 1 FROM pg_attribute a
-                      WHERE a.attrelid = i.indrelid AND a.attnum > 0
-                        AND a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1])
-                        AND NOT a.attname = ANY(CAST(:contract AS name[]))))
+       OR NOT EXISTS (
+           SELECT 1 FROM pg_attribute a
+           WHERE a.attrelid = i.indrelid AND a.attnum > 0
+             AND NOT a.attname = ANY(CAST(:contract AS name[]))
+             AND (a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1])
+                  OR EXISTS (SELECT 1 FROM pg_depend d
+                             WHERE d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid
+                               AND d.refclassid = 'pg_class'::regclass
+                               AND d.refobjid = i.indrelid AND d.refobjsubid = a.attnum))))
 ORDER BY 1
 
 -- misplaced_indexes --
@@ -120,3 +127,10 @@ SELECT (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnam
        (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
         WHERE e.extname = 'vector') AS vector_schema,
        to_regtype('vector') IS NOT NULL AS vector_visible
+
+-- probe_sequence_defaults --
+-- Columns of adoption's probe table whose default draws from a sequence.
+SELECT a.attname
+FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+WHERE d.adrelid = to_regclass('pg_temp.memory_gc_probe')
+  AND pg_get_expr(d.adbin, d.adrelid) LIKE '%nextval(%'
