@@ -141,16 +141,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the daemon puts its own handler in once it is built; until then (a first connection
         # that hangs) SIGTERM interrupts it as it does any command
         with sigterm_interrupts():
-            return int(args.handler(args, context) or 0)
+            code = int(args.handler(args, context) or 0)
+        sys.stdout.flush()  # a pipe's reader that left shows here, not at the exit's flush
+        return code
     except MemoryGCError as exc:
         print(f"memory-gc: error: {exc}", file=sys.stderr)
+        _stdout_or_nothing()
         return exc.exit_code
     except KeyboardInterrupt:
         print("memory-gc: interrupted; committed batches stay applied", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `memory-gc runs | head -1`: the reader left; no traceback
-        with contextlib.suppress(OSError, ValueError):  # nor another at exit's flush
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_nothing()
         return 1
     except Exception as exc:
         from sqlalchemy.exc import DBAPIError
@@ -166,6 +168,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if context is not None:
             context.close()
+
+
+def _stdout_or_nothing() -> None:
+    """Flush stdout; if its reader left, send the rest nowhere (no error at exit's flush)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_nothing()
+
+
+def _stdout_to_nothing() -> None:
+    with contextlib.suppress(OSError, ValueError):  # not a real file (a test's capture)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @contextlib.contextmanager
