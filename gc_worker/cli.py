@@ -22,9 +22,9 @@ from tqdm import tqdm
 
 from gc_worker import db, logs, schema
 from gc_worker.config import (
-    AHEAD,
     Runtime,
     Settings,
+    ahead_of_clock,
     check_clock,
     load_runtime,
     load_settings,
@@ -86,8 +86,8 @@ def parse_now(value: str | None) -> datetime:
 
 
 def not_ahead(when: datetime, label: str, fix: str) -> None:
-    """Refuse an applied change stamped more than AHEAD past this machine's clock."""
-    if when > datetime.now(UTC) + AHEAD:
+    """Refuse an applied change stamped more than a day past this machine's clock."""
+    if ahead_of_clock(when):
         raise UsageError(
             f"{label} is more than a day ahead of this machine's clock; applied, it would end "
             f"retention windows early (purging rows before their time). {fix}"

@@ -18,7 +18,7 @@ import tomllib
 import typing
 import zoneinfo
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -52,6 +52,11 @@ NOW_YEARS = (1971, 9000)
 # hosts, a run started just before midnight of a typed date). Further ahead, retention windows
 # end early: `run --now 2062-…` would purge rows whose real retention has not ended.
 AHEAD = timedelta(days=1)
+
+
+def ahead_of_clock(when: datetime) -> bool:
+    """Whether a change stamped ``when`` would be more than AHEAD past this machine's clock."""
+    return when > datetime.now(UTC) + AHEAD
 
 
 def check_clock(now: datetime, label: str) -> None:
@@ -343,9 +348,9 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         if not name.startswith(ENV_PREFIX) or name[len(ENV_PREFIX) :] in RUNTIME_ENV:
             continue
         rest = name[len(ENV_PREFIX) :]
-        if "__" not in rest and _service_link(rest, raw):
-            continue
         if "__" not in rest:
+            if _service_link(rest, raw):
+                continue
             options = [ENV_PREFIX + n for n in sorted(RUNTIME_ENV)]
             raise ConfigError(
                 f"unknown variable {name}{_did_you_mean(name, options)}; options are "

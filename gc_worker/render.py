@@ -20,11 +20,11 @@ import json
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import PurePath
 from typing import Any
 
-from gc_worker.config import AHEAD
+from gc_worker.config import ahead_of_clock
 
 Report = Mapping[str, Any]
 Rows = list[list[Any]]
@@ -358,9 +358,7 @@ def _ahead(report: Report) -> str | None:
         now = datetime.fromisoformat(str(report.get("now")))
     except ValueError:
         return None
-    if now.tzinfo is None or now <= datetime.now(UTC) + AHEAD:
-        return None
-    return now.isoformat()
+    return now.isoformat() if now.tzinfo is not None and ahead_of_clock(now) else None
 
 
 def banner(report: Report) -> tuple[str, str, str]:

@@ -35,10 +35,9 @@ MIGRATE_ATTEMPTS = 3
 
 def _migrate_lock() -> str:
     """One migrate at a time (waiting without limit for another), then the lock timeout."""
-    default = MIGRATE_LOCK_TIMEOUT.replace("'", "")
     return (  # the operator's lock_timeout is any not at its default (0 included)
         "SELECT set_config('memory_gc.lock_timeout', CASE (SELECT source FROM pg_settings"
-        f" WHERE name = 'lock_timeout') WHEN 'default' THEN '{default}'"
+        f" WHERE name = 'lock_timeout') WHEN 'default' THEN '{MIGRATE_LOCK_TIMEOUT}'"
         " ELSE current_setting('lock_timeout') END, true);"
         "SET LOCAL lock_timeout = 0;"
         "SELECT pg_advisory_xact_lock(4242004, 0);"
@@ -73,7 +72,8 @@ def _revision_on(conn: Connection) -> str | None:
 def migrate(engine: Engine, *, embedding_dim: int) -> tuple[str | None, str]:
     """Upgrade to head in one transaction; returns (revision before, revision after). A lock
     not had within the lock timeout rolls everything back; tried MIGRATE_ATTEMPTS times."""
-    for attempt in range(1, MIGRATE_ATTEMPTS + 1):
+    attempt = 1
+    while True:
         try:
             return _migrate(engine, embedding_dim)
         except sa.exc.OperationalError as exc:
@@ -87,8 +87,8 @@ def migrate(engine: Engine, *, embedding_dim: int) -> tuple[str | None, str]:
                     "migrate again at a quieter moment, or run docs/operations.md's online "
                     "statements first"
                 ) from None
-            time.sleep(attempt)
-    raise AssertionError("unreachable")
+        time.sleep(attempt)
+        attempt += 1
 
 
 def _migrate(engine: Engine, embedding_dim: int) -> tuple[str | None, str]:

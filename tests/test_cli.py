@@ -647,7 +647,7 @@ class TestSignals:
         that was a BrokenPipeError traceback."""
         seeded(engine)
         assert main(["run", "--now", NOW_ARG]) == 0
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        env = cli_env_of_this_checkout()
         env.pop("PYTHONUNBUFFERED", None)  # buffered, as on a bare machine: fails at the flush
         read_end, write_end = os.pipe()
         os.close(read_end)
@@ -664,41 +664,17 @@ class TestSignals:
         """SIGTERM to `run` (as `docker stop` sends to PID 1) interrupts it like Ctrl-C: exit 1
         with the interrupt message, instead of the signal's default (ignored as PID 1)."""
         seeded(engine)
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-        argv = [sys.executable, "-m", "gc_worker.cli", "run", "--dry-run", "--now", NOW_ARG]
-        with engine.connect() as blocker, engine.connect() as watcher:
-            blocker.exec_driver_sql("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
-            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
-            try:
-                waiting_for_lock(watcher)
-                proc.send_signal(signal.SIGTERM)
-                _, err = proc.communicate(timeout=60)
-            finally:
-                proc.kill()
-                blocker.rollback()
-        assert proc.returncode == 1, err
+        code, err = sigterm_while_blocked(engine, ["run", "--dry-run", "--now", NOW_ARG])
+        assert code == 1, err
         assert "interrupted; committed batches stay applied" in err
 
     def test_sigterm_during_a_once_due_pass_is_no_success(self, engine, cli_env):
         """`schedule --once-due` stopped by SIGTERM leaves the nightly run to the next pass;
         it exited 0, which a cron wrapper reads as a pass done."""
         seeded(engine)
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-        argv = [sys.executable, "-m", "gc_worker.cli", "schedule", "--once-due", "--now", NOW_ARG]
-        with engine.connect() as blocker, engine.connect() as watcher:
-            blocker.exec_driver_sql("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
-            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
-            try:
-                waiting_for_lock(watcher)
-                proc.send_signal(signal.SIGTERM)
-                time.sleep(0.5)
-                blocker.rollback()
-                _, err = proc.communicate(timeout=60)
-            finally:
-                proc.kill()
-        assert proc.returncode == 1, err
+        argv = ["schedule", "--once-due", "--now", NOW_ARG]
+        code, err = sigterm_while_blocked(engine, argv, release_first=True)
+        assert code == 1, err
         assert "interrupted" in err
         left = execute(engine, "SELECT count(*) FROM gc_runs WHERE status = 'running'")
         assert left.scalar() == 1  # the next pass resumes it
@@ -711,11 +687,9 @@ class TestSignals:
 
         with socket.create_server(("127.0.0.1", 0)) as listener:
             port = listener.getsockname()[1]
-            env = dict(
-                os.environ,
-                PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-                MEMORY_GC_DATABASE_URL=f"postgresql+psycopg://gc@127.0.0.1:{port}/memories",
-            )
+            env = cli_env_of_this_checkout() | {
+                "MEMORY_GC_DATABASE_URL": f"postgresql+psycopg://gc@127.0.0.1:{port}/memories"
+            }
             argv = [sys.executable, "-m", "gc_worker.cli", "schedule"]
             proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -736,6 +710,36 @@ class TestSignals:
         before = signal.getsignal(signal.SIGTERM)
         assert main(["runs"]) == 0
         assert signal.getsignal(signal.SIGTERM) is before
+
+
+def cli_env_of_this_checkout() -> dict[str, str]:
+    """The environment of a `python -m gc_worker.cli` subprocess running this checkout."""
+    return dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+
+
+def sigterm_while_blocked(
+    engine, argv: list[str], *, release_first: bool = False
+) -> tuple[int, str]:
+    """Run the CLI with ``argv`` in a subprocess until it waits on a lock of memories, send it
+    SIGTERM, and return its exit code and stderr. ``release_first``: end the lock half a
+    second after the signal, before waiting for the process (one that only notes the signal
+    finishes its statement first)."""
+    argv = [sys.executable, "-m", "gc_worker.cli", *argv]
+    with engine.connect() as blocker, engine.connect() as watcher:
+        blocker.exec_driver_sql("LOCK TABLE memories IN ACCESS EXCLUSIVE MODE")
+        proc = subprocess.Popen(argv, env=cli_env_of_this_checkout(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            waiting_for_lock(watcher)
+            proc.send_signal(signal.SIGTERM)
+            if release_first:
+                time.sleep(0.5)
+                blocker.rollback()
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            blocker.rollback()
+    return proc.returncode, err
 
 
 def waiting_for_lock(conn, timeout: float = 60.0) -> None:
