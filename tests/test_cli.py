@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from uuid import UUID
 
@@ -540,6 +540,16 @@ class TestBadInput:
         assert "more than a day ahead of this machine's clock" in capsys.readouterr().err
         assert snapshot(engine) == before
         assert execute(engine, "SELECT count(*) FROM gc_runs").scalar() == 0
+
+    @pytest.mark.parametrize(("ahead", "code"), [(timedelta(hours=23, minutes=59), 0),
+                                                 (timedelta(days=1, minutes=1), 2)])  # fmt: skip
+    def test_an_applied_clock_up_to_a_day_ahead_runs(self, engine, cli_env, capsys, ahead, code):
+        """Clock skew between hosts is allowed for: a day ahead of the machine's clock, not more."""
+        seeded(engine)
+        at = (datetime.now(UTC) + ahead).isoformat()
+        assert main(["run", "--job", "ttl_expiry", "--now", at]) == code, capsys.readouterr().err
+        runs = execute(engine, "SELECT count(*) FROM gc_runs").scalar()
+        assert runs == (1 if code == 0 else 0)
 
     def test_a_plan_for_a_later_date_is_a_preview_not_applied(self, engine, cli_env, capsys):
         """A dry run may look ahead (what would happen then); its apply waits for that date."""

@@ -337,6 +337,10 @@ class TestTimestamps:
         purged = add(engine, status_changed_at=past, deleted_at=past, **deleted)
         young = add(engine, created_at=now - timedelta(days=14, minutes=-30), importance=1)
         unused = add(engine, created_at=now - timedelta(days=20), importance=1)
+        # and just outside each window, by the same half hour
+        over = now - timedelta(days=30, minutes=30)
+        just_due = add(engine, status_changed_at=over, deleted_at=over, **deleted)
+        just_old = add(engine, created_at=now - timedelta(days=14, minutes=30), importance=1)
         zoned = session_engine(engine, timezone)
         try:
             run(zoned, settings, jobs=["usage_prune", "hard_delete"], now=now)
@@ -345,6 +349,7 @@ class TestTimestamps:
         assert get(engine, purged) is None and status(engine, unused) == "deleted"
         assert status(engine, kept) == "deleted", "purged inside its retention window"
         assert status(engine, young) == "active", "pruned inside its grace period"
+        assert get(engine, just_due) is None and status(engine, just_old) == "deleted"
 
     def test_a_session_zone_with_daylight_saving_keeps_the_least_recently_used_order(self, engine):
         """Over the cap by one, the row used least recently goes. Used at 05:30 and 06:10 UTC

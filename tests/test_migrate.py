@@ -240,6 +240,25 @@ class TestAdoption:
         assert waited < 30 and untouched(url)
         assert migrate(monkeypatch, url, capsys)[0] == 0
 
+    def test_a_lock_released_within_the_timeout_is_waited_for(
+        self, empty_database_url, monkeypatch, capsys
+    ):
+        """Just inside migrate's lock timeout: an application transaction that ends sooner is
+        waited for, and migrate goes through on its first attempt."""
+        import threading
+
+        url = empty_database_url
+        execute(url, app_store())
+        monkeypatch.setattr(schema, "MIGRATE_LOCK_TIMEOUT", "3s")
+        monkeypatch.setattr(schema, "MIGRATE_ATTEMPTS", 1)
+        with application_writing(url):
+            done: list[tuple[int, str, str]] = []
+            worker = threading.Thread(target=lambda: done.append(migrate(monkeypatch, url, capsys)))
+            worker.start()
+            time.sleep(0.5)  # migrate now waits on the application's transaction …
+        worker.join(30)  # … which ended as the block closed, well within 3 s
+        assert done and done[0][0] == 0, done
+
     def test_a_lock_timeout_of_the_urls_is_kept_even_zero(self, engine):
         """The URL's lock_timeout wins over migrate's default, 0 (wait without limit) too."""
         url = engine.url.render_as_string(hide_password=False)
