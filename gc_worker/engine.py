@@ -285,14 +285,20 @@ def process_run(
     could take minutes). ``participate=False``: the caller already holds the run's
     participation lock (the daemon); helper threads take their own.
     """
-    if llm is not None:  # the budget is the run's: a resumed run has what is left of it
+    if llm is not None:  # the budget is the run's: a resumed run has what is left of it, and
+        from gc_worker.llm_store import RunSpend  # replicas working it together share it
         from gc_worker.report import llm_totals
 
-        with translated_errors(), engine.connect() as conn:
-            spent = llm_totals(conn, run_id)
-        llm.begin_run(
-            spent_calls=spent["calls"], spent_tokens=spent["input_tokens"] + spent["output_tokens"]
+        shared = RunSpend(
+            engine, run_id, settings.llm.max_calls_per_run, settings.llm.max_tokens_per_run
         )
+        with translated_errors():
+            with engine.connect() as conn:
+                spent = llm_totals(conn, run_id)
+            calls, tokens = shared.open(
+                spent["calls"], spent["input_tokens"] + spent["output_tokens"]
+            )
+        llm.begin_run(spent_calls=calls, spent_tokens=tokens, shared=shared)
     workers = settings.run.workers if workers is None else workers
     helpers = _helpers_wanted(engine, run_id, workers)
     # set when the caller is interrupted (Ctrl-C, SIGTERM) while a helper completes the run: the

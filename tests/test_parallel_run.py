@@ -583,3 +583,44 @@ def test_run_workers_outside_its_bounds_is_refused(cli_env, monkeypatch, capsys,
 def _only_run(engine_: sa.Engine) -> Any:
     with engine_.connect() as conn:
         return conn.execute(sa.text("SELECT id FROM gc_runs")).scalar_one()
+
+
+def test_replicas_joining_a_run_together_share_its_model_budget(engine, monkeypatch):  # noqa: F811
+    """Two processes (replicas: each its own port, its own counters) join one run at the same
+    moment, before either has spent anything: together they make at most
+    `llm.max_calls_per_run` calls. Each used to start from the run's spend at that moment (none)
+    and could spend the whole budget again."""
+    seed(engine, [r for u in USERS for r in llm_rows(u)])
+    settings = Settings.model_validate(
+        LLM_SETTINGS.model_dump()
+        | {"run": {"batch_users": 1, "workers": 1}, "llm": {"max_calls_per_run": 3}}
+    )
+    request = RunRequest(mode="apply", now=NOW, users=None, jobs=resolve_jobs([], settings))
+    run_id = start_run(engine, settings, request)
+    model = FakeModel("good")
+    both_joined = threading.Barrier(2, timeout=30)
+    closed: list[bool] = []
+
+    def replica() -> None:
+        with fake_port(engine, settings, model) as llm:
+            begin = llm.begin_run
+
+            def begin_together(**spent: int) -> Any:
+                budget = begin(**spent)
+                both_joined.wait()  # neither has called the model yet
+                return budget
+
+            llm.begin_run = begin_together
+            closed.append(gc_engine.process_run(engine, run_id, settings, llm=llm))
+
+    threads = [threading.Thread(target=replica) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert closed.count(True) == 1 and len(closed) == 2
+    assert sum(model.calls.values()) <= 3
+    with engine.connect() as conn:
+        report = build_report(conn, run_id)
+    assert report["llm"]["calls"] == sum(model.calls.values())
+    assert report["totals"]["by_action"].get("deferred", 0) > 0

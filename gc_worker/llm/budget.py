@@ -8,17 +8,31 @@
   ``embedding_calls`` and ``deferred_by_budget``.
 
 A fresh budget per run; the counters are guarded by a lock so jobs may share it across threads.
+Its limits are what was left of the run's when this process joined it; ``shared`` (the run's
+``RunSpend``, gc_worker.llm_store) is what every process working the run spends, and a call
+it refuses is refused here too: replicas joining a run together share one budget.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gc_worker.llm.errors import LLMBudgetExhausted
 
 REPORT_KEYS = ("calls", "input_tokens", "output_tokens", "cache_hits")
 EXTRA_KEYS = ("invalid_answers", "errors", "retries", "embedding_calls", "deferred_by_budget")
+
+
+class SharedSpend(Protocol):
+    """What every process working one run spends of its model budget."""
+
+    def take_call(self) -> tuple[str, int, int] | None:
+        """Count one call; or, when a limit is reached, (limit, used, maximum) and count none."""
+        ...
+
+    def add_tokens(self, tokens: int) -> None: ...
 
 
 @dataclass
@@ -37,6 +51,7 @@ class LLMBudget:
     errors: int = 0
     retries: int = 0
     deferred_by_budget: int = 0
+    shared: SharedSpend | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _by_thread: dict[int, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -52,19 +67,28 @@ class LLMBudget:
     def reserve_call(self, *, embedding: bool = False) -> None:
         """Count one call, or raise ``LLMBudgetExhausted`` if the run may not make it."""
         with self._lock:
-            if self.max_calls is not None and self.calls >= self.max_calls:
+            refused = self._refusal()
+            if refused is None and self.shared is not None:
+                refused = self.shared.take_call()
+            if refused is not None:
                 self._add("deferred_by_budget")
-                raise LLMBudgetExhausted("calls", self.calls, self.max_calls)
-            if self.max_tokens is not None and self.tokens >= self.max_tokens:
-                self._add("deferred_by_budget")
-                raise LLMBudgetExhausted("tokens", self.tokens, self.max_tokens)
+                raise LLMBudgetExhausted(*refused)
             self._add("calls")
             self._add("embedding_calls", int(embedding))
+
+    def _refusal(self) -> tuple[str, int, int] | None:  # under self._lock
+        if self.max_calls is not None and self.calls >= self.max_calls:
+            return "calls", self.calls, self.max_calls
+        if self.max_tokens is not None and self.tokens >= self.max_tokens:
+            return "tokens", self.tokens, self.max_tokens
+        return None
 
     def record_usage(self, input_tokens: int, output_tokens: int) -> None:
         with self._lock:
             self._add("input_tokens", max(0, input_tokens))
             self._add("output_tokens", max(0, output_tokens))
+            if self.shared is not None:
+                self.shared.add_tokens(max(0, input_tokens) + max(0, output_tokens))
 
     def count(self, counter: str) -> None:
         """Add one to ``cache_hits``, ``invalid_answers``, ``errors`` or ``retries``."""

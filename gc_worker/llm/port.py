@@ -24,7 +24,7 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from gc_worker.llm import decisions
-from gc_worker.llm.budget import LLMBudget
+from gc_worker.llm.budget import LLMBudget, SharedSpend
 from gc_worker.llm.cache import DecisionCache, InMemoryDecisionCache, decision_key
 from gc_worker.llm.client import ModelClient
 from gc_worker.llm.decisions import ContradictionVerdict, DecisionRequest, Member, MergeDecision
@@ -61,10 +61,14 @@ class LLMPort:
     def budget(self) -> LLMBudget:
         return self._budget
 
-    def begin_run(self, *, spent_calls: int = 0, spent_tokens: int = 0) -> LLMBudget:
+    def begin_run(
+        self, *, spent_calls: int = 0, spent_tokens: int = 0, shared: SharedSpend | None = None
+    ) -> LLMBudget:
         """Start a run's budget and counters; a run taken up again (stopped, resumed) has only
-        what its earlier workers left of its limits (``spent_*``: what they used)."""
+        what its earlier workers left of its limits (``spent_*``: what they used). ``shared``:
+        what every process working the run spends (its calls are refused here too)."""
         self._budget = self._new_budget(spent_calls, spent_tokens)
+        self._budget.shared = shared
         return self._budget
 
     def usage(self, *, this_thread: bool = False) -> dict[str, int]:

@@ -16,3 +16,28 @@ SELECT :run_id, r.user_id, r.kind, ARRAY(SELECT jsonb_array_elements_text(r.memo
 FROM jsonb_to_recordset(CAST(:items AS jsonb))
      AS r(user_id text, kind text, memory_ids jsonb, reason text, details jsonb)
 RETURNING id
+
+-- run_llm_spend_open --
+-- A process joins a run's model budget: what the run's batches recorded (:calls, :tokens) is
+-- spent at least (a run begun before migration 0013, or whose ledger lags behind them); the
+-- ledger's figures, which also count calls of batches still being worked elsewhere, are returned.
+INSERT INTO gc_run_llm_spend AS s (run_id, calls, tokens) VALUES (:run_id, :calls, :tokens)
+ON CONFLICT (run_id) DO UPDATE
+SET calls = greatest(s.calls, excluded.calls), tokens = greatest(s.tokens, excluded.tokens)
+RETURNING calls, tokens
+
+-- run_llm_take_call --
+-- Take one model call from the run's budget, if both limits (NULL: none) still allow one.
+UPDATE gc_run_llm_spend SET calls = calls + 1
+WHERE run_id = :run_id
+  AND (CAST(:max_calls AS bigint) IS NULL OR calls < :max_calls)
+  AND (CAST(:max_tokens AS bigint) IS NULL OR tokens < :max_tokens)
+RETURNING calls
+
+-- run_llm_spent --
+-- What the run has spent on the model, by every process working it.
+SELECT calls, tokens FROM gc_run_llm_spend WHERE run_id = :run_id
+
+-- run_llm_add_tokens --
+-- Add a call's tokens to the run's spend.
+UPDATE gc_run_llm_spend SET tokens = tokens + :tokens WHERE run_id = :run_id
