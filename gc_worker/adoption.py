@@ -314,10 +314,15 @@ def _unique_index_problems(conn: Connection) -> list[str]:
     every batch merging would fail, every night."""
     contract = [spec[0] for spec in MEMORIES]
     return [
-        f"unique index {row.index_name} ({row.definition}) can refuse a merged record, which "
-        "copies a member's text, scope and slot while the member still exists (retired, not "
-        f"deleted): DROP INDEX {row.index_name}; (compaction merges exact duplicates itself), "
-        "or add a column of yours to its key"
+        f"{'exclusion constraint' if row.exclusion else 'unique index'} {row.index_name} "
+        f"({row.definition}) can refuse a merged record, which copies a member's text, scope, "
+        "slot and validity while the member still exists (retired, not deleted): "
+        + (
+            f"ALTER TABLE memories DROP CONSTRAINT {row.constraint_name};"
+            if row.constraint_name
+            else f"DROP INDEX {row.index_name};"
+        )
+        + " (compaction merges exact duplicates itself), or add a column of yours to its key"
         for row in conn.execute(q("colliding_unique_indexes"), {"contract": contract})
     ]
 
@@ -345,7 +350,13 @@ def _behaviour_problems(conn: Connection) -> list[str]:
         f"{row.tab}.{row.conname} references memories without ON DELETE CASCADE / SET NULL, so "
         f"purging a memory it names would fail (every night, for that batch): ALTER TABLE "
         f"{row.tab} DROP CONSTRAINT {row.conname}, ADD … ON DELETE CASCADE (or SET NULL);"
+        if not row.sets
+        else f"{row.tab}.{row.conname} sets {row.not_null_column} to NULL when the memory it "
+        f"names is purged, but {row.tab}.{row.not_null_column} is NOT NULL, so that purge "
+        f"would fail (every night, for that batch): ALTER TABLE {row.tab} ALTER COLUMN "
+        f"{row.not_null_column} DROP NOT NULL; or make the key ON DELETE CASCADE"
         for row in conn.execute(q("keys_blocking_purge"))
+        if not row.sets or row.not_null_column is not None
     ]
     problems += [
         f"trigger {name} fires BEFORE UPDATE of any column of memories: if it stamps "

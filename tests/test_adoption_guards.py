@@ -5,6 +5,7 @@ these was adopted before and then failed or misbehaved every night (found by a r
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 from tests.test_migrate import app_store, as_role, execute, migrate, role, scalar  # noqa: F401
@@ -147,7 +148,7 @@ def test_a_unique_index_a_merged_record_would_violate_is_named(
             + "ALTER TABLE memories ADD CONSTRAINT memories_user_content_key"
             " UNIQUE (user_id, content);")  # fmt: skip
     refused(monkeypatch, url, capsys, "unique index memories_user_content_key",
-            "DROP INDEX memories_user_content_key")  # fmt: skip
+            "ALTER TABLE memories DROP CONSTRAINT memories_user_content_key")  # fmt: skip
     execute(
         url,
         "ALTER TABLE memories DROP CONSTRAINT memories_user_content_key;"
@@ -229,3 +230,69 @@ def test_unique_indexes_a_merged_record_cannot_violate_are_fine(
             "CREATE UNIQUE INDEX memories_imported ON memories (user_id, content)"
             " WHERE external_ref IS NOT NULL;")  # fmt: skip
     assert migrate(monkeypatch, url, capsys)[0] == 0
+
+
+def test_an_exclusion_constraint_a_merged_record_would_violate_is_named(
+    empty_database_url, monkeypatch, capsys
+):
+    """An exclusion constraint is a unique rule too (EXCLUDE (user_id WITH =, content WITH =),
+    or a hash of the text among active rows): it was adopted, and every batch merging exact
+    duplicates then failed, every night. One keyed on id is fine. Found by a review."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False)
+            + "ALTER TABLE memories ADD CONSTRAINT app_dedupe"
+            " EXCLUDE USING btree (user_id WITH =, content WITH =);")  # fmt: skip
+    refused(monkeypatch, url, capsys, "exclusion constraint app_dedupe",
+            "ALTER TABLE memories DROP CONSTRAINT app_dedupe")  # fmt: skip
+    execute(url, "ALTER TABLE memories DROP CONSTRAINT app_dedupe;"
+                 "ALTER TABLE memories ADD CONSTRAINT app_active_text EXCLUDE USING hash"
+                 " ((user_id || ':' || content) WITH =) WHERE (status = 'active');")  # fmt: skip
+    refused(monkeypatch, url, capsys, "exclusion constraint app_active_text")
+    execute(url, "ALTER TABLE memories DROP CONSTRAINT app_active_text;"
+                 "ALTER TABLE memories ADD CONSTRAINT app_id_user"
+                 " EXCLUDE USING btree (id WITH =, user_id WITH =);")  # fmt: skip
+    assert migrate(monkeypatch, url, capsys)[0] == 0
+
+
+def test_a_unique_constraint_is_dropped_as_a_constraint(empty_database_url, monkeypatch, capsys):
+    """DROP INDEX of an index that backs a UNIQUE constraint fails ("constraint … requires
+    it"): the advice names ALTER TABLE … DROP CONSTRAINT; a bare unique index, DROP INDEX."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False)
+            + "ALTER TABLE memories ADD CONSTRAINT memories_user_content_key"
+            " UNIQUE (user_id, content);")  # fmt: skip
+    refused(
+        monkeypatch, url, capsys, "ALTER TABLE memories DROP CONSTRAINT memories_user_content_key"
+    )
+    execute(url, "ALTER TABLE memories DROP CONSTRAINT memories_user_content_key;"
+                 "CREATE UNIQUE INDEX app_text ON memories (user_id, content);")  # fmt: skip
+    refused(monkeypatch, url, capsys, "DROP INDEX app_text")
+
+
+@pytest.mark.parametrize("action", ["SET NULL", "SET DEFAULT"])
+def test_a_key_set_to_null_on_a_not_null_column_is_named(
+    empty_database_url, monkeypatch, capsys, action
+):
+    """ON DELETE SET NULL (or SET DEFAULT, with no default) onto a NOT NULL column refuses the
+    purge as surely as NO ACTION: it was adopted, then hard_delete failed its batch every night
+    and a forget-me with --purge-now never completed. Nullable, it is fine. Found by a review."""
+    url = empty_database_url
+    execute(url, app_store() + "CREATE TABLE memory_votes (memory_id uuid NOT NULL"
+                 f" REFERENCES memories (id) ON DELETE {action}, vote int);")  # fmt: skip
+    refused(monkeypatch, url, capsys, "memory_votes.memory_votes_memory_id_fkey",
+            "memory_id is NOT NULL")  # fmt: skip
+    execute(url, "ALTER TABLE memory_votes ALTER COLUMN memory_id DROP NOT NULL;")
+    assert migrate(monkeypatch, url, capsys)[0] == 0
+
+
+def test_a_key_setting_only_its_nullable_column_is_fine(empty_database_url, monkeypatch, capsys):
+    """ON DELETE SET NULL (memory_id) on a key (user_id, memory_id) sets memory_id alone:
+    user_id being NOT NULL does not matter."""
+    url = empty_database_url
+    execute(url, app_store()
+            + "ALTER TABLE memories ADD CONSTRAINT memories_user_id_key UNIQUE (user_id, id);"
+            "CREATE TABLE memory_votes (user_id text NOT NULL, memory_id uuid,"
+            " FOREIGN KEY (user_id, memory_id) REFERENCES memories (user_id, id)"
+            " ON DELETE SET NULL (memory_id));")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 0, err

@@ -52,13 +52,26 @@ FROM pg_class c, pg_roles r
 WHERE c.oid = to_regclass('memories') AND r.rolname = current_user
 
 -- keys_blocking_purge --
--- Foreign keys of other tables onto memories that would refuse a purge (NO ACTION / RESTRICT):
--- every batch purging a referenced row would fail.
-SELECT conrelid::regclass::text AS tab, conname
-FROM pg_constraint
-WHERE contype = 'f' AND confrelid = to_regclass('memories')
-  AND conrelid IS DISTINCT FROM to_regclass('memory_lineage')
-  AND confdeltype NOT IN ('c', 'n', 'd')
+-- Foreign keys of other tables onto memories that may refuse a purge (every batch purging a
+-- referenced row would fail), for the caller to pick: NO ACTION / RESTRICT (sets false); or
+-- SET NULL, or SET DEFAULT of a column
+-- without a default, where a column it sets is NOT NULL (not_null_column names it). The
+-- columns set are the key's, or those listed (SET NULL (col), PostgreSQL 15+: read through
+-- to_jsonb so that older servers, without confdelsetcols, run this too).
+SELECT k.conrelid::regclass::text AS tab, k.conname, k.confdeltype IN ('n', 'd') AS sets,
+       (SELECT a.attname FROM pg_attribute a
+        WHERE a.attrelid = k.conrelid AND a.attnotnull
+          AND (k.confdeltype = 'n' OR NOT a.atthasdef)
+          AND a.attnum = ANY(coalesce(
+                  nullif(ARRAY(SELECT jsonb_array_elements_text(CASE
+                                   WHEN jsonb_typeof(to_jsonb(k) -> 'confdelsetcols') = 'array'
+                                   THEN to_jsonb(k) -> 'confdelsetcols' END)::int2), '{}'),
+                  k.conkey))
+        ORDER BY a.attnum LIMIT 1) AS not_null_column
+FROM pg_constraint k
+WHERE k.contype = 'f' AND k.confrelid = to_regclass('memories')
+  AND k.conrelid IS DISTINCT FROM to_regclass('memory_lineage')
+  AND k.confdeltype <> 'c'
 ORDER BY 1, 2
 
 -- row_update_triggers --
@@ -88,14 +101,20 @@ WHERE c.conrelid = to_regclass('memories') AND c.contype = 'c'
 ORDER BY 1
 
 -- colliding_unique_indexes --
--- The application's unique indexes on memories that a record the worker inserts can violate:
+-- The application's unique indexes and exclusion constraints on memories (with the constraint
+-- an index backs, if any: it is dropped as a constraint) that a record the worker inserts can
+-- violate:
 -- not keyed on id (a merged record has a new one), and reading only contract columns — in
 -- keys, expressions and predicate alike — which a merged record copies from a member that
 -- still exists (retired, not deleted); or NULLS NOT DISTINCT (its columns of the
 -- application's are NULL in every merged record).
-SELECT c.relname AS index_name, pg_get_indexdef(i.indexrelid) AS definition
+SELECT c.relname AS index_name, pg_get_indexdef(i.indexrelid) AS definition,
+       i.indisexclusion AS exclusion,
+       (SELECT k.conname FROM pg_constraint k
+        WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid
+          AND k.contype IN ('u', 'x')) AS constraint_name
 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-WHERE i.indrelid = to_regclass('memories') AND i.indisunique
+WHERE i.indrelid = to_regclass('memories') AND (i.indisunique OR i.indisexclusion)
   AND NOT EXISTS (SELECT 1 FROM pg_attribute a
                   WHERE a.attrelid = i.indrelid AND a.attname = 'id'
                     AND a.attnum = ANY((i.indkey::int2[])[0:i.indnkeyatts - 1]))
