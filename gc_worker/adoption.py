@@ -248,6 +248,11 @@ CREATED_RECORDS = [
 ]  # fmt: skip
 
 
+# SQLSTATE classes of errors that say nothing about the row probed: connection exception,
+# insufficient resources, program limit exceeded, operator intervention (a statement_timeout)
+SESSION_TROUBLE = {"08", "53", "54", "57"}
+
+
 def _check_problems(conn: Connection) -> list[str]:
     """CHECKs of the application's that would refuse what the worker writes (a status it
     retires rows to, a merged record's source, a summary's type): every batch writing one
@@ -288,6 +293,8 @@ def _check_problems(conn: Connection) -> list[str]:
                 if whole or name in updated:  # an update keeps the other columns' values
                     refused.add(name)
             except sa.exc.DBAPIError as exc:  # a default or CHECK of the application's raising
+                if str(getattr(exc.orig, "sqlstate", None))[:2] in SESSION_TROUBLE:
+                    raise  # not the row's fault: a timeout, a cancel, the server going away
                 failing[str(exc.orig).splitlines()[0]] = None
             conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_value")
     finally:

@@ -31,17 +31,34 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 # tries again, MIGRATE_ATTEMPTS times in all.
 MIGRATE_LOCK_TIMEOUT = "5s"
 MIGRATE_ATTEMPTS = 3
+# A statement_timeout of the database's or role's is for the application's queries; migrate's
+# waits are bounded by its lock_timeout, and its index builds and checks take what the table's
+# size takes, so it runs without one. One the URL sets (the session's own, source 'client') is
+# the operator's for this command and is kept: when it cancels a statement, migrate says so.
+STATEMENT_TIMEOUT_CANCELLED = (
+    "migrate was cancelled by the statement_timeout your database URL (or PGOPTIONS) sets, or "
+    "by an administrator: nothing was changed. Run migrate with a URL without it (drop "
+    "`-c statement_timeout=…` from its options), or run docs/operations.md's online "
+    "statements first on a large table"
+)
 
 
 def _migrate_lock() -> str:
-    """One migrate at a time (waiting without limit for another), then the lock timeout."""
+    """One migrate at a time (waiting without limit for another), then the lock timeout and
+    the statement timeout (the URL's, else none)."""
     return (  # the operator's lock_timeout is any not at its default (0 included)
         "SELECT set_config('memory_gc.lock_timeout', CASE (SELECT source FROM pg_settings"
         f" WHERE name = 'lock_timeout') WHEN 'default' THEN '{MIGRATE_LOCK_TIMEOUT}'"
         " ELSE current_setting('lock_timeout') END, true);"
+        "SELECT set_config('memory_gc.statement_timeout', CASE (SELECT source FROM pg_settings"
+        " WHERE name = 'statement_timeout') WHEN 'client' THEN"
+        " current_setting('statement_timeout') ELSE '0' END, true);"
         "SET LOCAL lock_timeout = 0;"
+        "SET LOCAL statement_timeout = 0;"
         "SELECT pg_advisory_xact_lock(4242004, 0);"
-        "SELECT set_config('lock_timeout', current_setting('memory_gc.lock_timeout'), true)"
+        "SELECT set_config('lock_timeout', current_setting('memory_gc.lock_timeout'), true);"
+        "SELECT set_config('statement_timeout',"
+        " current_setting('memory_gc.statement_timeout'), true)"
     )
 
 
@@ -77,6 +94,8 @@ def migrate(engine: Engine, *, embedding_dim: int) -> tuple[str | None, str]:
         try:
             return _migrate(engine, embedding_dim)
         except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) == "57014":  # query_canceled
+                raise ConfigError(STATEMENT_TIMEOUT_CANCELLED) from None
             if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
                 raise
             if attempt == MIGRATE_ATTEMPTS:

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from gc_worker import cli, db, schema
 from tests.test_migrate import app_store, execute, migrate, scalar, untouched
@@ -238,3 +239,49 @@ def test_a_store_without_observed_at_is_told_to_backfill_it_from_created_at(
     finally:
         engine.dispose()
     assert shown == ["Lives in Paris"]
+
+
+SLOW_CHECK = """
+CREATE FUNCTION app_slow_ok(t text) RETURNS boolean LANGUAGE plpgsql AS
+$$ BEGIN PERFORM pg_sleep(0.12); RETURN true; END $$;
+ALTER TABLE memories ADD CONSTRAINT app_slow CHECK (app_slow_ok(content)) NOT VALID;
+"""
+
+
+def test_a_statement_timeout_of_the_database_or_role_does_not_cancel_migrate(
+    empty_database_url, monkeypatch, capsys
+):
+    """A database's or role's statement_timeout (set for the application's queries) cancelled
+    migrate: its wait for a concurrent migrate, its probe of the application's CHECKs (then
+    misreported as a CHECK that refuses the worker's rows), its index builds on a large table —
+    exit 1 or 2 with the wrong fix. Migrate's waits are bounded by its lock_timeout; it now sets
+    statement_timeout to 0 in its transaction. Found by a review."""
+    url = empty_database_url
+    name = sa.engine.make_url(url).database
+    execute(url, app_store(lineage=False) + SLOW_CHECK
+            + f"ALTER DATABASE {name} SET statement_timeout = '50ms';")  # fmt: skip
+    holder = db.make_engine(url)
+    try:
+        with holder.connect() as conn:
+            conn.exec_driver_sql("SET statement_timeout = 0;" + schema._migrate_lock())
+            release = threading.Timer(1.0, conn.connection.dbapi_connection.rollback)
+            release.start()
+            code, out, err = migrate(monkeypatch, url, capsys)
+            release.join()
+    finally:
+        holder.dispose()
+    assert code == 0 and out.endswith(f"-> {schema.head_revision()}\n"), err
+
+
+def test_the_urls_statement_timeout_is_kept_and_named_when_it_cancels_migrate(
+    empty_database_url, monkeypatch, capsys
+):
+    """One set in the URL (options=-c statement_timeout=…) is the operator's for this
+    command: kept, and when it cancels a statement, named with the fix (exit 2), nothing
+    applied."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False) + SLOW_CHECK)
+    code, _, err = migrate(monkeypatch, f"{url}&options=-c%20statement_timeout%3D50ms", capsys)
+    assert code == 2 and "statement_timeout" in err and "nothing was changed" in err, err
+    assert "CHECK of yours" not in err, err
+    assert untouched(url)
