@@ -168,6 +168,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if context is not None:
             context.close()
+        _stdout_or_nothing()  # every exit: a reader that left fails no flush at exit (code 120)
+        _stderr_or_nothing()
+
+
+def _stderr_or_nothing() -> None:
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        logs.stderr_to_nothing()
 
 
 def _stdout_or_nothing() -> None:

@@ -4,6 +4,7 @@ logs user_id only where a job names one). Level from ``MEMORY_GC_LOG_LEVEL`` (de
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -14,13 +15,28 @@ from gc_worker.errors import ConfigError
 
 
 class _Stderr:
-    """Whatever sys.stderr is at write time (it may be swapped after configuration)."""
+    """Whatever sys.stderr is at write time (it may be swapped after configuration). A line
+    that cannot be written (the reader of `memory-gc run 2>&1 | head -1` left) is dropped: it
+    raised BrokenPipeError into whatever was logging, and a run was left unworked for it."""
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        try:
+            return sys.stderr.write(text)
+        except (OSError, ValueError):  # a broken pipe, a closed stream
+            stderr_to_nothing()
+            return 0
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            stderr_to_nothing()
+
+
+def stderr_to_nothing() -> None:
+    """Send what is left for stderr nowhere: its reader left (no error at the exit's flush)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real file
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
 
 LEVELS = ("debug", "info", "warning", "error")

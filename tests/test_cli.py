@@ -670,6 +670,49 @@ class TestSignals:
         assert "Traceback" not in proc.stderr and proc.stderr == "", proc.stderr
         assert proc.returncode == 1
 
+    @pytest.mark.parametrize("ending", ["ctrl-c", "database error"])
+    def test_a_reader_that_left_before_an_interrupt_or_error_keeps_the_exit_code(
+        self, engine, cli_env, ending
+    ):
+        """stdout's reader left, then Ctrl-C or a database error after something was printed
+        (forget-user --purge-now reads its request back): Python's flush at exit failed and
+        the process exited 120 with "Exception ignored … BrokenPipeError", outside the 0/1/2
+        contract. Found by a review."""
+        seeded(engine)
+        hit = {
+            "ctrl-c": "raise KeyboardInterrupt",
+            "database error": "conn.exec_driver_sql('SELECT pg_terminate_backend("
+            "pg_backend_pid())')",
+        }[ending]
+        child = (
+            "import sys\nfrom gc_worker import cli, erasure\nreal = erasure.get_request\n"
+            f"def get_request(conn, request_id):\n    {hit}\n    return real(conn, request_id)\n"
+            "erasure.get_request = get_request\nsys.exit(cli.main(sys.argv[1:]))\n"
+        )
+        argv = ["forget-user", "u2", "--purge-now", "--now", NOW_ARG]
+        proc = gone_reader(cli_env_of_this_checkout(), [sys.executable, "-c", child, *argv])
+        assert proc.returncode == 1, proc.stderr
+        assert "Exception ignored" not in proc.stderr, proc.stderr
+
+    def test_a_log_reader_that_left_does_not_stop_the_run(self, engine, cli_env):
+        """stderr's reader left (`memory-gc run 2>&1 | head -1`): the first log line raised
+        BrokenPipeError, the run was left unworked and the process exited 120. A log line
+        that cannot be written is dropped; the run completes (its report is in the database)."""
+        seeded(engine)
+        env = cli_env_of_this_checkout()
+        env.pop("PYTHONUNBUFFERED", None)
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "gc_worker.cli", "run", "--now", NOW_ARG],
+                                  env=env, stdout=subprocess.PIPE, stderr=write_end, text=True,
+                                  timeout=120)  # fmt: skip
+        finally:
+            os.close(write_end)
+        assert proc.returncode == 0 and "completed" in proc.stdout, proc.stdout
+        done = execute(engine, "SELECT count(*) FROM gc_runs WHERE status = 'completed'")
+        assert done.scalar() == 1
+
     def test_sigterm_stops_a_one_shot_command_as_ctrl_c_does(self, engine, cli_env):
         """SIGTERM to `run` (as `docker stop` sends to PID 1) interrupts it like Ctrl-C: exit 1
         with the interrupt message, instead of the signal's default (ignored as PID 1)."""
@@ -720,6 +763,18 @@ class TestSignals:
         before = signal.getsignal(signal.SIGTERM)
         assert main(["runs"]) == 0
         assert signal.getsignal(signal.SIGTERM) is before
+
+
+def gone_reader(env: dict[str, str], argv: list[str]) -> subprocess.CompletedProcess:
+    """Run ``argv`` with stdout a pipe whose reader has left, buffered as on a bare machine."""
+    env.pop("PYTHONUNBUFFERED", None)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(argv, env=env, stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=120)  # fmt: skip
+    finally:
+        os.close(write_end)
 
 
 def cli_env_of_this_checkout() -> dict[str, str]:
