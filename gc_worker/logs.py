@@ -22,15 +22,19 @@ class _Stderr:
     def write(self, text: str) -> int:
         try:
             return sys.stderr.write(text)
-        except (OSError, ValueError):  # a broken pipe, a closed stream
+        except BrokenPipeError:  # the reader left for good
             stderr_to_nothing()
-            return 0
+        except (OSError, ValueError):  # this line only: a full disk, a non-blocking pipe
+            pass
+        return 0
 
     def flush(self) -> None:
         try:
             sys.stderr.flush()
-        except (OSError, ValueError):
+        except BrokenPipeError:
             stderr_to_nothing()
+        except (OSError, ValueError):
+            pass
 
 
 def stderr_to_nothing() -> None:

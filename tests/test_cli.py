@@ -820,3 +820,33 @@ def waiting_for_lock(conn, timeout: float = 60.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("no session started waiting on the lock")
+
+
+def test_a_log_line_a_busy_stderr_refuses_is_dropped_alone(monkeypatch):
+    """A non-blocking stderr whose reader is slow refuses a write (BlockingIOError, an OSError
+    like a broken pipe): that line is dropped, and the next ones are written — stderr is not
+    sent to /dev/null as it is once its reader left."""
+    from gc_worker import logs
+
+    class Busy:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def write(self, text: str) -> int:
+            if not self.lines and text == "first":
+                self.lines.append("(refused)")
+                raise BlockingIOError(11, "Resource temporarily unavailable")
+            self.lines.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+        def fileno(self) -> int:
+            raise AssertionError("stderr was sent to /dev/null")
+
+    busy = Busy()
+    monkeypatch.setattr(sys, "stderr", busy)
+    out = logs._Stderr()
+    assert out.write("first") == 0 and out.write("second") == 6
+    assert busy.lines == ["(refused)", "second"]
