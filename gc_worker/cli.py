@@ -174,9 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _stderr_or_nothing() -> None:
     try:
-        sys.stderr.flush()
-    except (OSError, ValueError):
+        logs.drain_stderr()
+    except BrokenPipeError:
         logs.stderr_to_nothing()
+    except (OSError, ValueError, AttributeError):  # closed (`2>&-`: no sys.stderr at all)
+        pass
 
 
 def _stdout_or_nothing() -> None:

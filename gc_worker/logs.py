@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import sys
+import time
 
 import structlog
 
@@ -17,24 +19,47 @@ from gc_worker.errors import ConfigError
 class _Stderr:
     """Whatever sys.stderr is at write time (it may be swapped after configuration). A line
     that cannot be written (the reader of `memory-gc run 2>&1 | head -1` left) is dropped: it
-    raised BrokenPipeError into whatever was logging, and a run was left unworked for it."""
+    raised BrokenPipeError into whatever was logging, and a run was left unworked for it. A
+    non-blocking stderr whose reader is slow is waited for (up to DRAIN_SECONDS a flush)."""
 
     def write(self, text: str) -> int:
         try:
+            drain_stderr()  # what a slow reader left in the buffer goes first, whole
             return sys.stderr.write(text)
         except BrokenPipeError:  # the reader left for good
             stderr_to_nothing()
-        except (OSError, ValueError):  # this line only: a full disk, a non-blocking pipe
+        except BlockingIOError:  # the line is in the buffer: wait for the reader to take it
+            with contextlib.suppress(OSError, ValueError):
+                drain_stderr()
+        except (OSError, ValueError, AttributeError):  # this line only: a full disk; no stderr
             pass
         return 0
 
     def flush(self) -> None:
         try:
-            sys.stderr.flush()
+            drain_stderr()
         except BrokenPipeError:
             stderr_to_nothing()
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             pass
+
+
+DRAIN_SECONDS = 5.0
+
+
+def drain_stderr() -> None:
+    """Flush stderr; when it is non-blocking and its reader slow (BlockingIOError: the rest is
+    kept in the buffer), wait until it can take more, up to DRAIN_SECONDS in all."""
+    deadline = None
+    while True:
+        try:
+            sys.stderr.flush()
+            return
+        except BlockingIOError:
+            deadline = deadline or time.monotonic() + DRAIN_SECONDS
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [sys.stderr.fileno()], [], left)[1]:
+                return
 
 
 def stderr_to_nothing() -> None:
