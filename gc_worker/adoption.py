@@ -249,7 +249,8 @@ CREATED_RECORDS = [
 
 
 # SQLSTATE classes of errors that say nothing about the row probed: connection exception,
-# insufficient resources, program limit exceeded, operator intervention (a statement_timeout)
+# insufficient resources, program limit exceeded, operator intervention (a statement_timeout);
+# and 25P04, a transaction_timeout, which ends the session
 SESSION_TROUBLE = {"08", "53", "54", "57"}
 
 
@@ -293,12 +294,14 @@ def _check_problems(conn: Connection) -> list[str]:
                 if whole or name in updated:  # an update keeps the other columns' values
                     refused.add(name)
             except sa.exc.DBAPIError as exc:  # a default or CHECK of the application's raising
-                if str(getattr(exc.orig, "sqlstate", None))[:2] in SESSION_TROUBLE:
+                state = str(getattr(exc.orig, "sqlstate", None))
+                if state[:2] in SESSION_TROUBLE or state == "25P04" or exc.connection_invalidated:
                     raise  # not the row's fault: a timeout, a cancel, the server going away
                 failing[str(exc.orig).splitlines()[0]] = None
             conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_value")
     finally:
-        conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_probe")
+        if not conn.invalidated:  # a session that ended (a transaction_timeout) has no savepoint
+            conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_probe")
     return [
         f"a row the worker writes fails in a default or CHECK of yours ({error}): give the "
         "column a default, and the CHECK a rule, that work in any session"

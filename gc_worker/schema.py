@@ -35,31 +35,45 @@ MIGRATE_ATTEMPTS = 3
 # waits are bounded by its lock_timeout, and its index builds and checks take what the table's
 # size takes, so it runs without one. One the URL sets (the session's own, source 'client') is
 # the operator's for this command and is kept: when it cancels a statement, migrate says so.
+# The same for transaction_timeout (PostgreSQL 17+), which ends the session (FATAL 25P04).
 STATEMENT_TIMEOUT_CANCELLED = (
-    "migrate was cancelled by the statement_timeout your database URL (or PGOPTIONS) sets, or "
-    "by an administrator: nothing was changed. Run migrate with a URL without it (drop "
-    "`-c statement_timeout=…` from its options), or run docs/operations.md's online "
-    "statements first on a large table"
+    "migrate was cancelled by the statement_timeout or transaction_timeout your database URL "
+    "(or PGOPTIONS) sets, or by an administrator: nothing was changed. Run migrate with a URL "
+    "without it (drop `-c statement_timeout=…` / `-c transaction_timeout=…` from its "
+    "options), or run docs/operations.md's online statements first on a large table"
+)
+CANCELLED = {"57014", "25P04"}  # query_canceled, transaction_timeout
+# (name, value while waiting for another migrate, value after: the URL's, else this)
+_TIMEOUTS = (
+    ("lock_timeout", MIGRATE_LOCK_TIMEOUT, "default"),
+    ("statement_timeout", "0", "client"),
+    ("transaction_timeout", "0", "client"),
 )
 
 
 def _migrate_lock() -> str:
-    """One migrate at a time (waiting without limit for another), then the lock timeout and
-    the statement timeout (the URL's, else none)."""
-    return (  # the operator's lock_timeout is any not at its default (0 included)
-        "SELECT set_config('memory_gc.lock_timeout', CASE (SELECT source FROM pg_settings"
-        f" WHERE name = 'lock_timeout') WHEN 'default' THEN '{MIGRATE_LOCK_TIMEOUT}'"
-        " ELSE current_setting('lock_timeout') END, true);"
-        "SELECT set_config('memory_gc.statement_timeout', CASE (SELECT source FROM pg_settings"
-        " WHERE name = 'statement_timeout') WHEN 'client' THEN"
-        " current_setting('statement_timeout') ELSE '0' END, true);"
-        "SET LOCAL lock_timeout = 0;"
-        "SET LOCAL statement_timeout = 0;"
-        "SELECT pg_advisory_xact_lock(4242004, 0);"
-        "SELECT set_config('lock_timeout', current_setting('memory_gc.lock_timeout'), true);"
-        "SELECT set_config('statement_timeout',"
-        " current_setting('memory_gc.statement_timeout'), true)"
-    )
+    """One migrate at a time (waiting without limit for another), then the lock timeout (the
+    operator's: any not at its default, 0 included; else MIGRATE_LOCK_TIMEOUT), and the
+    statement and transaction timeouts (the URL's, else none). A setting this server does not
+    have (transaction_timeout before PostgreSQL 17) is left alone."""
+    keep, wait, restore = [], [], []
+    for name, value, kept in _TIMEOUTS:
+        has = f"WHERE current_setting('{name}', true) IS NOT NULL"
+        source = f"(SELECT source FROM pg_settings WHERE name = '{name}')"
+        if kept == "default":  # kept unless at its default
+            chosen = (
+                f"CASE {source} WHEN 'default' THEN '{value}' ELSE current_setting('{name}') END"
+            )
+        else:  # kept only when the session's own (the URL's options, PGOPTIONS)
+            chosen = (
+                f"CASE {source} WHEN 'client' THEN current_setting('{name}') ELSE '{value}' END"
+            )
+        keep.append(f"SELECT set_config('memory_gc.{name}', {chosen}, true) {has};")
+        wait.append(f"SELECT set_config('{name}', '0', true) {has};")
+        restore.append(
+            f"SELECT set_config('{name}', current_setting('memory_gc.{name}'), true) {has};"
+        )
+    return "".join([*keep, *wait, "SELECT pg_advisory_xact_lock(4242004, 0);", *restore])
 
 
 def _alembic_config() -> Config:
@@ -93,8 +107,8 @@ def migrate(engine: Engine, *, embedding_dim: int) -> tuple[str | None, str]:
     while True:
         try:
             return _migrate(engine, embedding_dim)
-        except sa.exc.OperationalError as exc:
-            if getattr(exc.orig, "sqlstate", None) == "57014":  # query_canceled
+        except sa.exc.DBAPIError as exc:  # a transaction_timeout is an InternalError
+            if getattr(exc.orig, "sqlstate", None) in CANCELLED:
                 raise ConfigError(STATEMENT_TIMEOUT_CANCELLED) from None
             if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
                 raise

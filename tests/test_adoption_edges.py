@@ -273,6 +273,39 @@ def test_a_statement_timeout_of_the_database_or_role_does_not_cancel_migrate(
     assert code == 0 and out.endswith(f"-> {schema.head_revision()}\n"), err
 
 
+def test_a_transaction_timeout_of_the_database_does_not_end_migrate(
+    empty_database_url, monkeypatch, capsys
+):
+    """PostgreSQL 17+: a database's or role's transaction_timeout ended migrate's transaction
+    (FATAL, exit 1) while it waited for a concurrent migrate, whose wait has no limit by
+    design. Found by a review of the statement_timeout fix."""
+    url = empty_database_url
+    name = sa.engine.make_url(url).database
+    execute(url, app_store(lineage=False)
+            + f"ALTER DATABASE {name} SET transaction_timeout = '300ms';")  # fmt: skip
+    holder = db.make_engine(url)
+    try:
+        with holder.connect() as conn:
+            conn.exec_driver_sql("SET transaction_timeout = 0;" + schema._migrate_lock())
+            release = threading.Timer(1.0, conn.connection.dbapi_connection.rollback)
+            release.start()
+            code, out, err = migrate(monkeypatch, url, capsys)
+            release.join()
+    finally:
+        holder.dispose()
+    assert code == 0 and out.endswith(f"-> {schema.head_revision()}\n"), err
+
+
+def test_the_urls_transaction_timeout_is_kept_and_named_when_it_ends_migrate(
+    empty_database_url, monkeypatch, capsys
+):
+    url = empty_database_url
+    execute(url, app_store(lineage=False) + SLOW_CHECK)
+    code, _, err = migrate(monkeypatch, f"{url}&options=-c%20transaction_timeout%3D200ms", capsys)
+    assert code == 2 and "transaction_timeout" in err and "nothing was changed" in err, err
+    assert untouched(url)
+
+
 def test_the_urls_statement_timeout_is_kept_and_named_when_it_cancels_migrate(
     empty_database_url, monkeypatch, capsys
 ):
