@@ -41,6 +41,9 @@ class PostgresDecisionCache:
             conn.execute(q("llm_cache_put"), params)
 
 
+BIGINT_MAX = 2**63 - 1
+
+
 class RunSpend:
     """``SharedSpend`` over ``gc_run_llm_spend``: one run's model calls and tokens, whoever made
     them. A call is taken in one statement (``calls < limit``), so processes asking at once get
@@ -56,10 +59,9 @@ class RunSpend:
     def open(self, calls: int, tokens: int) -> tuple[int, int]:
         """Join the run's spend, which is at least ``calls`` and ``tokens`` (what its batches
         recorded); what the run has spent, by every process."""
-        with self._engine.begin() as conn:
-            row = conn.execute(
-                q("run_llm_spend_open"), {"run_id": self._run_id, "calls": calls, "tokens": tokens}
-            ).one()
+        spent = {"calls": min(calls, BIGINT_MAX), "tokens": min(tokens, BIGINT_MAX)}
+        with self._engine.begin() as conn:  # (records of a run older than USAGE_CEILING)
+            row = conn.execute(q("run_llm_spend_open"), {"run_id": self._run_id, **spent}).one()
         return row.calls, row.tokens
 
     def take_call(self) -> tuple[str, int, int] | None:

@@ -319,6 +319,37 @@ class TestTheBudgetIsTheRuns:
         assert report["totals"]["by_action"].get("deferred") == 1
 
 
+class TestAnAbsurdUsageFigure:
+    @pytest.mark.filterwarnings("ignore::UserWarning")  # pydantic's, on the float Infinity
+    @pytest.mark.parametrize("tokens", [2**63, float("inf")], ids=["2**63", "Infinity"])
+    def test_is_bounded_and_the_answer_used(self, engine, make_llm, tokens):
+        """A server (or a proxy) reporting `prompt_tokens` past bigint, or `Infinity`: the run's
+        shared spend overflowed (NumericValueOutOfRange) or the usage could not be read
+        (OverflowError), and the paid-for answer was lost and the batch failed. A figure is
+        taken as at most USAGE_CEILING tokens. Found by a review."""
+        from gc_worker.llm.budget import USAGE_CEILING
+
+        settings = Settings.model_validate(  # a token budget the figure can't end
+            {"embeddings": {"dim": TEST_DIM}, "llm": {"max_tokens_per_run": 10**15}}
+        )
+        ids = [add(engine, "u1", "u1 plays the piano"), add(engine, "u2", "u2 sings")]
+
+        def answer(kind: str, payload: Any) -> Any:
+            body = json.loads(chat_reply(scores_all(kind, payload)).content)
+            body["usage"]["prompt_tokens"] = tokens  # json.dumps writes inf as Infinity
+            return httpx2.Response(200, content=json.dumps(body).encode(),
+                                   headers={"content-type": "application/json"})  # fmt: skip
+
+        llm = make_llm(Model(answer), max_tokens_per_run=10**15)
+        report = run(engine, settings, llm=llm, jobs=["importance"])
+        assert report["status"] == "completed"
+        assert [get(engine, i)["importance"] for i in ids] == [4, 4]
+        counted = report["llm"]["input_tokens"]  # Infinity is no figure: none counted
+        assert counted <= report["llm"]["calls"] * USAGE_CEILING and (counted > 0) == (
+            tokens == 2**63
+        )
+
+
 class TestAFaithfulSummaryIsNotRejected:
     """The inversion checks must not refuse a summary that is its rows joined (a review found
     the first version of them rejecting it)."""

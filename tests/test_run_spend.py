@@ -72,3 +72,25 @@ def test_a_budget_refused_by_the_run_counts_the_deferral_and_no_call(engine, run
         second.reserve_call()
     assert (refused.value.limit, refused.value.used, refused.value.maximum) == ("calls", 1, 1)
     assert (second.calls, second.deferred_by_budget) == (0, 1)
+
+
+def test_once_the_run_refused_a_call_it_is_not_asked_again():
+    """Its counts only grow: after one refusal every later question is refused without a
+    transaction (there can be one per group or pair left in the run)."""
+
+    class Spent:
+        asked = 0
+
+        def take_call(self):
+            self.asked += 1
+            return ("calls", 3, 3)
+
+        def add_tokens(self, tokens: int) -> None:
+            pass
+
+    spent = Spent()
+    budget = LLMBudget(max_calls=10, shared=spent)
+    for _ in range(5):
+        with pytest.raises(LLMBudgetExhausted):
+            budget.reserve_call()
+    assert spent.asked == 1 and budget.deferred_by_budget == 5

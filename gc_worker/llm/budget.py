@@ -22,6 +22,9 @@ from typing import Protocol
 from gc_worker.llm.errors import LLMBudgetExhausted
 
 REPORT_KEYS = ("calls", "input_tokens", "output_tokens", "cache_hits")
+# the most tokens one call is taken to have used: a server (or proxy) reporting more (2**63,
+# past the run's shared bigint spend) is not believed beyond it
+USAGE_CEILING = 10**9
 EXTRA_KEYS = ("invalid_answers", "errors", "retries", "embedding_calls", "deferred_by_budget")
 
 
@@ -52,6 +55,9 @@ class LLMBudget:
     retries: int = 0
     deferred_by_budget: int = 0
     shared: SharedSpend | None = field(default=None, repr=False, compare=False)
+    # the shared spend's refusal, kept: its counts only grow, so it refuses for the rest of the
+    # run, and asking again would cost a transaction for each question left
+    _shared_refusal: tuple[str, int, int] | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _by_thread: dict[int, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -67,9 +73,9 @@ class LLMBudget:
     def reserve_call(self, *, embedding: bool = False) -> None:
         """Count one call, or raise ``LLMBudgetExhausted`` if the run may not make it."""
         with self._lock:
-            refused = self._refusal()
+            refused = self._refusal() or self._shared_refusal
             if refused is None and self.shared is not None:
-                refused = self.shared.take_call()
+                refused = self._shared_refusal = self.shared.take_call()
             if refused is not None:
                 self._add("deferred_by_budget")
                 raise LLMBudgetExhausted(*refused)
@@ -84,11 +90,13 @@ class LLMBudget:
         return None
 
     def record_usage(self, input_tokens: int, output_tokens: int) -> None:
+        input_tokens = min(max(0, input_tokens), USAGE_CEILING)
+        output_tokens = min(max(0, output_tokens), USAGE_CEILING)
         with self._lock:
-            self._add("input_tokens", max(0, input_tokens))
-            self._add("output_tokens", max(0, output_tokens))
+            self._add("input_tokens", input_tokens)
+            self._add("output_tokens", output_tokens)
             if self.shared is not None:
-                self.shared.add_tokens(max(0, input_tokens) + max(0, output_tokens))
+                self.shared.add_tokens(input_tokens + output_tokens)
 
     def count(self, counter: str) -> None:
         """Add one to ``cache_hits``, ``invalid_answers``, ``errors`` or ``retries``."""

@@ -178,7 +178,7 @@ def _chat_usage(raw: Any) -> tuple[int, int]:
     try:
         usage = raw.http_response.json().get("usage") or {}
         return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, OverflowError):  # OverflowError: Infinity
         return 0, 0
 
 

@@ -39,5 +39,8 @@ RETURNING calls
 SELECT calls, tokens FROM gc_run_llm_spend WHERE run_id = :run_id
 
 -- run_llm_add_tokens --
--- Add a call's tokens to the run's spend.
-UPDATE gc_run_llm_spend SET tokens = tokens + :tokens WHERE run_id = :run_id
+-- Add a call's tokens to the run's spend (saturating: the column is a bigint).
+UPDATE gc_run_llm_spend
+SET tokens = CASE WHEN tokens > 9223372036854775807 - :tokens THEN 9223372036854775807
+                  ELSE tokens + :tokens END
+WHERE run_id = :run_id
