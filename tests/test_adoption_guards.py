@@ -296,3 +296,18 @@ def test_a_key_setting_only_its_nullable_column_is_fine(empty_database_url, monk
             " ON DELETE SET NULL (memory_id));")  # fmt: skip
     code, _, err = migrate(monkeypatch, url, capsys)
     assert code == 0, err
+
+
+def test_a_check_that_recurses_past_the_stack_limit_is_named(
+    empty_database_url, monkeypatch, capsys
+):
+    """A program limit (54001, stack depth) is the CHECK's own failure, named like any other,
+    not a database error of migrate's (the first version of the timeout fix re-raised it)."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False)
+            + "CREATE FUNCTION app_deep(n int) RETURNS boolean LANGUAGE plpgsql AS"
+            " $$ BEGIN RETURN app_deep(n + 1); END $$;"
+            "ALTER TABLE memories ADD CONSTRAINT app_deep_ok"
+            " CHECK (app_deep(0)) NOT VALID;")  # fmt: skip
+    refused(monkeypatch, url, capsys, "a row the worker writes fails in a default or CHECK",
+            "stack depth")  # fmt: skip
