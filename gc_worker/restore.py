@@ -119,9 +119,36 @@ def _restore(
     done = [r for r in rows if r.action_id in undone]
     conn.execute(q("mark_restored"), {"ids": [r.action_id for r in done]})
     result = RestoreResult(run_id=_record_restore_run(conn, run_id, done, now))
+    _record_dismissals(conn, result.run_id, run_id, done)
     result.restored = [r.memory_id for r in done]
     result.not_restorable = [r.memory_id for r in rows if r.action_id not in undone]
     return result
+
+
+def _record_dismissals(conn: Connection, restore_run: UUID, undid: UUID, done: list[Any]) -> None:
+    """An undone merge (its sources) and an undone contradiction (the pair) are a person's
+    decision: recorded as dismissed reviews, which compaction and contradiction honour as they
+    honour `resolve --dismiss`, so the next run does not make the same change again (the same
+    duplicates, the slot rule, the model's cached verdict). A rule on one row (a TTL, decay,
+    disuse, the cap) applies again: change the setting or the row first."""
+    items = [
+        {"user_id": r.user_id, "kind": "compaction",
+         "memory_ids": [str(s) for s in _details(r).get("sources") or []]}
+        for r in done
+        if r.job == "compaction" and r.action == Kind.CREATE_MERGED
+    ] + [
+        {"user_id": r.user_id, "kind": "contradiction",
+         "memory_ids": [str(r.memory_id), str(_details(r)["superseded_by"])]}
+        for r in done
+        if r.job == "contradiction" and r.action == Kind.OBSOLETE
+        and _details(r).get("superseded_by")
+    ]  # fmt: skip
+    items = [item for item in items if len(item["memory_ids"]) >= 2]
+    if items:
+        conn.execute(
+            q("insert_restore_dismissals"),
+            {"run_id": restore_run, "undid_run": str(undid), "items": json.dumps(items)},
+        )
 
 
 def _actions_of(rows: list[Any], memory_ids: set[UUID]) -> set[Any]:

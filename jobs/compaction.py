@@ -11,8 +11,9 @@ Options (``[compaction]``):
 Candidates: active, unpinned rows with an embedding, no ``valid_until`` (bounded facts and
 overrides are the contradiction job's), no declared ``supersedes`` and not the target of one,
 not in an open review (nor in one queued earlier in this batch), not retired earlier in this
-batch. Rows whose embedding is unusable (wrong size, zero, non-finite) are counted in
-``skipped``. Groups never span two users, two slots, two scopes, two trust levels, or — for
+batch; two rows of a set a person kept apart (a merge `restore` undid: a dismissed compaction
+review) are never in one group (``kept_apart``). Rows whose embedding is unusable (wrong size,
+zero, non-finite) are counted in ``skipped``. Groups never span two users, two slots, two scopes, two trust levels, or — for
 episodic memories, which are events — two minutes of ``observed_at``
 (jobs.similarity.complete_linkage_groups).
 
@@ -276,9 +277,28 @@ def _actions(ctx: BatchContext, outcome: Merge | Action) -> list[Action]:
     )
 
 
+def dismissed_sets(ctx: BatchContext) -> dict[str, list[frozenset]]:
+    """Per user, the memory sets a person kept apart (merges a `restore` undid)."""
+    sets: dict[str, list[frozenset]] = defaultdict(list)
+    for row in ctx.conn.execute(q("compaction_dismissed_sets"), ctx.params()):
+        sets[row.user_id].append(frozenset(row.memory_ids))
+    return sets
+
+
+def kept_apart(members: Sequence[Any], dismissed: Sequence[frozenset]) -> list[Any]:
+    """The group without the members that share a set a person kept apart with one taken
+    before them (in the group's order): those rows are never merged together again."""
+    kept: list[Any] = []
+    for member in members:
+        if not any(member.id in s and k.id in s for s in dismissed for k in kept):
+            kept.append(member)
+    return kept
+
+
 def plan(ctx: BatchContext) -> list[Action]:
     settings = ctx.settings.compaction
     gate = ModelGate(ctx, NAME)
+    dismissed = dismissed_sets(ctx)
     outcomes: list[Merge | Action] = []
     for user_id, rows in rows_by_user(ctx, "compaction_candidates", held=list(ctx.held)):
         groups, skipped = find_groups(
@@ -289,7 +309,10 @@ def plan(ctx: BatchContext) -> list[Action]:
             dim=ctx.settings.embeddings.dim,
         )
         ctx.job_stats(NAME).skipped += skipped
-        for members in groups:
+        for group in groups:
+            members = kept_apart(group, dismissed.get(user_id, ()))
+            if len(members) < 2:
+                continue
             outcome = plan_group(user_id, members, gate)
             if outcome is not None:
                 outcomes.append(outcome)

@@ -269,3 +269,42 @@ def test_restore_memory_of_one_member_undoes_the_whole_merge(engine, settings):
     record = UUID(next(a["memory_id"] for a in report["actions"] if a["action"] == "create_merged"))
     restore.restore_memory(engine, members[0], now=NOW + timedelta(days=1))
     assert [status(engine, m) for m in [*members, record]] == ["active", "active", "deleted"]
+
+
+class TestARestoreIsNotUndoneByTheNextRun:
+    """A restore of a merge or of a contradiction's obsolete is a person's decision: the next
+    run made the same change again (the same duplicates, the same slot rule, the model's cached
+    verdict), so an undo lasted until the next night. The restore now records it as a dismissed
+    review (`memory-gc reviews`), which the jobs honour as they honour `resolve --dismiss`."""
+
+    def test_restored_merge_members_are_not_merged_again(self, engine, settings):
+        members, _, run_id = merged(engine, settings)
+        restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(hours=1))
+        again = run(engine, settings, jobs=["compaction"], users=["u1"],
+                    now=NOW + timedelta(days=1))  # fmt: skip
+        assert again["actions"] == [] and [status(engine, m) for m in members] == ["active"] * 2
+        veto = execute(engine, "SELECT kind, reason, status, resolution ->> 'decision' AS d,"
+                               " memory_ids FROM gc_review_items").one()  # fmt: skip
+        assert (veto.kind, veto.reason, veto.status, veto.d) == (
+            "compaction", "restored", "resolved", "dismiss")  # fmt: skip
+        assert sorted(veto.memory_ids) == sorted(members)
+
+    def test_a_new_duplicate_still_merges_with_one_of_them(self, engine, settings):
+        """Only the undone group is kept apart: a later copy merges with one of its members."""
+        members, _, run_id = merged(engine, settings)
+        restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(hours=1))
+        newer = add(engine, "u1", "Has a dog", embedding=E0, created_at=days_ago(1))
+        again = run(engine, settings, jobs=["compaction"], users=["u1"],
+                    now=NOW + timedelta(days=1))  # fmt: skip
+        merged_now = {a["memory_id"] for a in again["actions"] if a["action"] == "merge"}
+        assert len(merged_now) == 2 and str(newer) in merged_now
+        assert sum(status(engine, m) == "active" for m in members) == 1
+
+    def test_a_restored_obsolete_is_not_obsoleted_again(self, engine, settings):
+        old, new = slot_pair(engine)
+        first = run(engine, settings, jobs=["contradiction"], users=["u1"])
+        restore.restore_run(engine, UUID(first["run_id"]), now=NOW + timedelta(hours=1))
+        again = run(engine, settings, jobs=["contradiction"], users=["u1"],
+                    now=NOW + timedelta(days=1))  # fmt: skip
+        assert again["actions"] == []
+        assert (status(engine, old), status(engine, new)) == ("active", "active")

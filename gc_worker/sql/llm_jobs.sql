@@ -42,6 +42,23 @@ FROM gc_review_items
 WHERE user_id = ANY(:users) AND kind = 'contradiction'
   AND (status = 'open' OR resolution ->> 'decision' = 'dismiss')
 
+-- compaction_dismissed_sets --
+-- Memory sets a person kept apart: a merge `restore` undid (a dismissed compaction review);
+-- no two rows of one set are merged together again.
+SELECT user_id, memory_ids
+FROM gc_review_items
+WHERE user_id = ANY(:users) AND kind = 'compaction' AND resolution ->> 'decision' = 'dismiss'
+
+-- insert_restore_dismissals --
+-- What a restore undid of a merge (its sources) or of a contradiction (the pair), recorded as a
+-- review a person dismissed, so that the jobs do not make the same change again.
+INSERT INTO gc_review_items (run_id, user_id, kind, memory_ids, reason, details, status,
+                             resolution, resolved_at)
+SELECT :run_id, r.user_id, r.kind, ARRAY(SELECT jsonb_array_elements_text(r.memory_ids))::uuid[],
+       'restored', jsonb_build_object('undid_run', CAST(:undid_run AS text)), 'resolved',
+       '{"decision": "dismiss", "by": "restore"}'::jsonb, clock_timestamp()
+FROM jsonb_to_recordset(CAST(:items AS jsonb)) AS r(user_id text, kind text, memory_ids jsonb)
+
 -- review_list --
 -- Review items, newest first, optionally of one user and one status.
 SELECT r.id, r.run_id, r.user_id, r.kind, r.memory_ids, r.reason, r.details, r.status,
