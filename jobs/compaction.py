@@ -13,9 +13,9 @@ overrides are the contradiction job's), no declared ``supersedes`` and not the t
 not in an open review (nor in one queued earlier in this batch), not retired earlier in this
 batch; two rows of a set a person kept apart (a merge `restore` undid: a dismissed compaction
 review) are never in one group (``kept_apart``). Rows whose embedding is unusable (wrong size,
-zero, non-finite) are counted in ``skipped``. Groups never span two users, two slots, two scopes, two trust levels, or — for
-episodic memories, which are events — two minutes of ``observed_at``
-(jobs.similarity.complete_linkage_groups).
+zero, non-finite) are counted in ``skipped``. Groups never span two users, two slots, two
+scopes, two trust levels, or — for episodic memories, which are events — two minutes of
+``observed_at`` (jobs.similarity.complete_linkage_groups).
 
 Per group:
 - members that differ in a fact that matters (``jobs.text_facts.near_miss_reasons``: number,
