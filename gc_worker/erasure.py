@@ -327,7 +327,8 @@ def scrub(
             if hash_owners
             else 0
         ),
-        "gc_review_items": len(conn.execute(q("erasure_drop_reviews"), dropped).all()),
+        "gc_review_items": len(conn.execute(q("erasure_trim_dismissals"), dropped).all())
+        + len(conn.execute(q("erasure_drop_reviews"), dropped).all()),
         "gc_sweep_requests": len(
             conn.execute(q("erasure_scrub_sweep_errors"), {"whole_users": list(whole_users)}).all()
         ),

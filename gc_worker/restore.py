@@ -125,23 +125,27 @@ def _restore(
     return result
 
 
+# what a model decided: a near-duplicate merge, a contradiction judged on a similar pair
+MODEL_MERGE, MODEL_VERDICT = "near_duplicates", "similar"
+
+
 def _record_dismissals(conn: Connection, restore_run: UUID, undid: UUID, done: list[Any]) -> None:
-    """An undone merge (its sources) and an undone contradiction (the pair) are a person's
-    decision: recorded as dismissed reviews, which compaction and contradiction honour as they
-    honour `resolve --dismiss`, so the next run does not make the same change again (the same
-    duplicates, the slot rule, the model's cached verdict). A rule on one row (a TTL, decay,
-    disuse, the cap) applies again: change the setting or the row first."""
+    """A model's merge (its sources) or contradiction verdict (the pair) that a person undid
+    is recorded as a dismissed review, which compaction and contradiction honour as they
+    honour `resolve --dismiss`: the next run would otherwise make the same change again (the
+    model's verdict is cached). A rule — exact duplicates, a slot, a declared `supersedes`, a
+    TTL, decay, disuse, the cap — applies again: change the setting or the row first."""
     items = [
         {"user_id": r.user_id, "kind": "compaction",
          "memory_ids": [str(s) for s in _details(r).get("sources") or []]}
         for r in done
-        if r.job == "compaction" and r.action == Kind.CREATE_MERGED
+        if r.job == "compaction" and r.action == Kind.CREATE_MERGED and r.reason == MODEL_MERGE
     ] + [
         {"user_id": r.user_id, "kind": "contradiction",
          "memory_ids": [str(r.memory_id), str(_details(r)["superseded_by"])]}
         for r in done
         if r.job == "contradiction" and r.action == Kind.OBSOLETE
-        and _details(r).get("superseded_by")
+        and _details(r).get("basis") == MODEL_VERDICT and _details(r).get("superseded_by")
     ]  # fmt: skip
     items = [item for item in items if len(item["memory_ids"]) >= 2]
     if items:

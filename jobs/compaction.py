@@ -11,11 +11,11 @@ Options (``[compaction]``):
 Candidates: active, unpinned rows with an embedding, no ``valid_until`` (bounded facts and
 overrides are the contradiction job's), no declared ``supersedes`` and not the target of one,
 not in an open review (nor in one queued earlier in this batch), not retired earlier in this
-batch; two rows of a set a person kept apart (a merge `restore` undid: a dismissed compaction
-review) are never in one group (``kept_apart``). Rows whose embedding is unusable (wrong size,
-zero, non-finite) are counted in ``skipped``. Groups never span two users, two slots, two
-scopes, two trust levels, or — for episodic memories, which are events — two minutes of
-``observed_at`` (jobs.similarity.complete_linkage_groups).
+batch; two rows of a set a person kept apart (a model merge `restore` undid: a dismissed
+compaction review) are never in one group (``kept_apart``). Rows whose embedding is unusable
+(wrong size, zero, non-finite) are counted in ``skipped``. Groups never span two users, two
+slots, two scopes, two trust levels, or — for episodic memories, which are events — two
+minutes of ``observed_at`` (jobs.similarity.complete_linkage_groups).
 
 Per group:
 - members that differ in a fact that matters (``jobs.text_facts.near_miss_reasons``: number,
@@ -42,7 +42,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -277,21 +277,26 @@ def _actions(ctx: BatchContext, outcome: Merge | Action) -> list[Action]:
     )
 
 
-def dismissed_sets(ctx: BatchContext) -> dict[str, list[frozenset]]:
-    """Per user, the memory sets a person kept apart (merges a `restore` undid)."""
-    sets: dict[str, list[frozenset]] = defaultdict(list)
-    for row in ctx.conn.execute(q("compaction_dismissed_sets"), ctx.params()):
-        sets[row.user_id].append(frozenset(row.memory_ids))
+def dismissed_sets(ctx: BatchContext) -> dict[str, dict[Any, set[int]]]:
+    """Per user, the memory sets a person kept apart (model merges a `restore` undid), as the
+    numbers of the sets each memory is in."""
+    sets: dict[str, dict[Any, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for number, row in enumerate(ctx.conn.execute(q("compaction_dismissed_sets"), ctx.params())):
+        for memory_id in row.memory_ids:
+            sets[row.user_id][memory_id].add(number)
     return sets
 
 
-def kept_apart(members: Sequence[Any], dismissed: Sequence[frozenset]) -> list[Any]:
+def kept_apart(members: Sequence[Any], sets_of: Mapping[Any, set[int]]) -> list[Any]:
     """The group without the members that share a set a person kept apart with one taken
     before them (in the group's order): those rows are never merged together again."""
     kept: list[Any] = []
+    taken: set[int] = set()
     for member in members:
-        if not any(member.id in s and k.id in s for s in dismissed for k in kept):
+        mine = sets_of.get(member.id, set())
+        if not mine & taken:
             kept.append(member)
+            taken |= mine
     return kept
 
 
@@ -310,7 +315,7 @@ def plan(ctx: BatchContext) -> list[Action]:
         )
         ctx.job_stats(NAME).skipped += skipped
         for group in groups:
-            members = kept_apart(group, dismissed.get(user_id, ()))
+            members = kept_apart(group, dismissed.get(user_id, {}))
             if len(members) < 2:
                 continue
             outcome = plan_group(user_id, members, gate)

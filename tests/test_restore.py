@@ -5,12 +5,15 @@ created is taken off the read path only while the application has not made it it
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 import pytest
 
-from gc_worker import restore
+from gc_worker import erasure, restore
+from gc_worker.verify_erasure import verify
 from tests.conftest import TEST_DIM
+from tests.fake_model import FakeModel
 from tests.store import NOW, add, days_ago, execute, get, run, status
 from tests.test_compaction import E0
 
@@ -271,17 +274,44 @@ def test_restore_memory_of_one_member_undoes_the_whole_merge(engine, settings):
     assert [status(engine, m) for m in [*members, record]] == ["active", "active", "deleted"]
 
 
-class TestARestoreIsNotUndoneByTheNextRun:
-    """A restore of a merge or of a contradiction's obsolete is a person's decision: the next
-    run made the same change again (the same duplicates, the same slot rule, the model's cached
-    verdict), so an undo lasted until the next night. The restore now records it as a dismissed
-    review (`memory-gc reviews`), which the jobs honour as they honour `resolve --dismiss`."""
+NEAR = ["Likes hiking very much", "Likes hiking", "Likes hiking a lot"]
 
-    def test_restored_merge_members_are_not_merged_again(self, engine, settings):
-        members, _, run_id = merged(engine, settings)
-        restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(hours=1))
-        again = run(engine, settings, jobs=["compaction"], users=["u1"],
-                    now=NOW + timedelta(days=1))  # fmt: skip
+
+def model_merged(engine, settings, make_llm, texts=NEAR[:2]) -> tuple[list[UUID], str, Any]:
+    """Near duplicates of u1 merged by the model (reason near_duplicates): (members, run id,
+    the port)."""
+    llm = make_llm(FakeModel("good"))
+    members = [add(engine, "u1", t, embedding=E0, created_at=days_ago(3)) for t in texts]
+    report = run(engine, settings, jobs=["compaction"], users=["u1"], llm=llm)
+    assert {a["reason"] for a in report["actions"]} == {"near_duplicates"}, report["actions"]
+    return members, report["run_id"], llm
+
+
+def judged_pair(engine, settings, make_llm) -> tuple[UUID, UUID, str, Any]:
+    """A similar pair the model judged contradictory (no slot, no declaration): (older,
+    newer, run id, the port)."""
+    llm = make_llm(FakeModel("good"))  # its verdict: (14 + 16) % 3 == 0 → contradicts
+    old = add(engine, "u1", "Lives in Paris", embedding=E0, created_at=days_ago(10))
+    new = add(engine, "u1", "Lives in Berlin.", embedding=E0, created_at=days_ago(1))
+    report = run(engine, settings, jobs=["contradiction"], users=["u1"], llm=llm)
+    assert [a["action"] for a in report["actions"]] == ["obsolete"], report["actions"]
+    return old, new, report["run_id"], llm
+
+
+def later(days: float) -> Any:
+    return NOW + timedelta(days=days)
+
+
+class TestARestoreIsNotUndoneByTheNextRun:
+    """A restore of a model's merge or verdict is a person overruling the model: the next run
+    made the same change again (the verdict is cached), so an undo lasted until the next
+    night. The restore now records it as a dismissed review (`memory-gc reviews`), which the
+    jobs honour as they honour `resolve --dismiss`. A rule applies again."""
+
+    def test_restored_model_merge_is_not_made_again(self, engine, settings, make_llm):
+        members, run_id, llm = model_merged(engine, settings, make_llm)
+        restore.restore_run(engine, UUID(run_id), now=later(0.05))
+        again = run(engine, settings, jobs=["compaction"], users=["u1"], llm=llm, now=later(1))
         assert again["actions"] == [] and [status(engine, m) for m in members] == ["active"] * 2
         veto = execute(engine, "SELECT kind, reason, status, resolution ->> 'decision' AS d,"
                                " memory_ids FROM gc_review_items").one()  # fmt: skip
@@ -289,22 +319,65 @@ class TestARestoreIsNotUndoneByTheNextRun:
             "compaction", "restored", "resolved", "dismiss")  # fmt: skip
         assert sorted(veto.memory_ids) == sorted(members)
 
-    def test_a_new_duplicate_still_merges_with_one_of_them(self, engine, settings):
-        """Only the undone group is kept apart: a later copy merges with one of its members."""
-        members, _, run_id = merged(engine, settings)
-        restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(hours=1))
-        newer = add(engine, "u1", "Has a dog", embedding=E0, created_at=days_ago(1))
-        again = run(engine, settings, jobs=["compaction"], users=["u1"],
-                    now=NOW + timedelta(days=1))  # fmt: skip
+    def test_a_new_copy_still_merges_with_one_of_them(self, engine, settings, make_llm):
+        """Only the undone set is kept apart: a later copy merges with one of its members."""
+        members, run_id, llm = model_merged(engine, settings, make_llm)
+        restore.restore_run(engine, UUID(run_id), now=later(0.05))
+        newer = add(engine, "u1", NEAR[2], embedding=E0, created_at=days_ago(1))
+        again = run(engine, settings, jobs=["compaction"], users=["u1"], llm=llm, now=later(1))
         merged_now = {a["memory_id"] for a in again["actions"] if a["action"] == "merge"}
         assert len(merged_now) == 2 and str(newer) in merged_now
         assert sum(status(engine, m) == "active" for m in members) == 1
 
-    def test_a_restored_obsolete_is_not_obsoleted_again(self, engine, settings):
-        old, new = slot_pair(engine)
-        first = run(engine, settings, jobs=["contradiction"], users=["u1"])
-        restore.restore_run(engine, UUID(first["run_id"]), now=NOW + timedelta(hours=1))
-        again = run(engine, settings, jobs=["contradiction"], users=["u1"],
-                    now=NOW + timedelta(days=1))  # fmt: skip
+    def test_restored_model_verdict_is_not_acted_on_again(self, engine, settings, make_llm):
+        old, new, run_id, llm = judged_pair(engine, settings, make_llm)
+        restore.restore_run(engine, UUID(run_id), now=later(0.05))
+        again = run(engine, settings, jobs=["contradiction"], users=["u1"], llm=llm, now=later(1))
         assert again["actions"] == []
         assert (status(engine, old), status(engine, new)) == ("active", "active")
+
+    def test_a_rule_applies_again(self, engine, settings):
+        """Exact duplicates, a slot: the rules act again at the next run (change the row or the
+        setting first); nothing is recorded for them."""
+        _, _, merge_run = merged(engine, settings)
+        slot_pair(engine)
+        slot_run = run(engine, settings, jobs=["contradiction"], users=["u1"])["run_id"]
+        for run_id in (merge_run, slot_run):
+            restore.restore_run(engine, UUID(run_id), now=later(0.05))
+        again = run(engine, settings, jobs=["compaction", "contradiction"], users=["u1"],
+                    now=later(1))  # fmt: skip
+        assert {a["reason"] for a in again["actions"]} >= {"exact_duplicates", "slot_replaced"}
+        assert execute(engine, "SELECT count(*) FROM gc_review_items").scalar() == 0
+
+
+class TestDismissalsAndErasure:
+    """Found by a review of the dismissals: a restore after a forget-memory wrote the erased id
+    back into gc_review_items (verify-erasure: residue), and forgetting one member of an
+    undone three-way merge dropped the whole set, so the other two merged again."""
+
+    @pytest.mark.parametrize("purge_now", [False, True])
+    def test_a_set_naming_an_erased_memory_is_not_recorded(
+        self, engine, settings, make_llm, purge_now
+    ):
+        old, new, run_id, _ = judged_pair(engine, settings, make_llm)
+        erasure.forget(engine, settings, now=later(0.01), memory_id=new, purge_now=purge_now)
+        if not purge_now:
+            run(engine, settings, jobs=["erasure"], users=["u1"], now=later(0.02))
+        restore.restore_run(engine, UUID(run_id), now=later(0.05))
+        assert status(engine, old) == "active"
+        assert execute(engine, "SELECT count(*) FROM gc_review_items").scalar() == 0
+        if purge_now:  # else the erased row itself stays until its retention ends
+            check = verify(engine, now=later(0.1), memory_id=new)
+            assert check.clean, [r.describe() for r in check.residues]
+
+    def test_forgetting_one_member_keeps_the_others_apart(self, engine, settings, make_llm):
+        (a, b, c), run_id, llm = model_merged(engine, settings, make_llm, NEAR)
+        restore.restore_run(engine, UUID(run_id), now=later(0.05))
+        erasure.forget(engine, settings, now=later(0.5), memory_id=a, purge_now=True)
+        again = run(engine, settings, jobs=["compaction"], users=["u1"], llm=llm, now=later(1))
+        assert again["actions"] == [] and (status(engine, b), status(engine, c)) == (
+            "active", "active")  # fmt: skip
+        assert sorted(execute(engine, "SELECT memory_ids FROM gc_review_items").scalar()) == sorted(
+            [b, c])  # fmt: skip
+        check = verify(engine, now=later(1.1), memory_id=a)
+        assert check.clean, [r.describe() for r in check.residues]

@@ -132,6 +132,18 @@ WHERE c.user_id = ANY(:hash_owners)
                     AND memory_gc_content_hash(c.user_id, v.j #>> '{}') = ANY(:hashes)))
 RETURNING key
 
+-- erasure_trim_dismissals --
+-- A merge a restore undid keeps its other members apart: the erased ids leave the set, which
+-- stays while two or more remain (erasure_drop_reviews drops the others).
+UPDATE gc_review_items
+SET memory_ids = ARRAY(SELECT unnest(memory_ids) EXCEPT SELECT unnest(CAST(:ids AS uuid[])))
+WHERE user_id = ANY(:owners) AND NOT user_id = ANY(:whole_users)
+  AND kind = 'compaction' AND status = 'resolved' AND reason = 'restored'
+  AND memory_ids && CAST(:ids AS uuid[])
+  AND cardinality(ARRAY(SELECT unnest(memory_ids)
+                        EXCEPT SELECT unnest(CAST(:ids AS uuid[])))) >= 2
+RETURNING id
+
 -- erasure_drop_reviews --
 -- Drop review items that name an erased memory (the question is moot, the content must go),
 -- and every one of a forgotten user; only ever the erasing users' own.

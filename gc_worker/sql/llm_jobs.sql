@@ -50,14 +50,23 @@ FROM gc_review_items
 WHERE user_id = ANY(:users) AND kind = 'compaction' AND resolution ->> 'decision' = 'dismiss'
 
 -- insert_restore_dismissals --
--- What a restore undid of a merge (its sources) or of a contradiction (the pair), recorded as a
--- review a person dismissed, so that the jobs do not make the same change again.
+-- What a restore undid of a model's merge (its sources) or verdict (the pair), recorded as a
+-- review a person dismissed, so that the jobs do not make the same change again. Never for a
+-- set naming an erased memory (a tombstone, or a row erased and not yet purged): the id would
+-- be a residue of the erasure.
 INSERT INTO gc_review_items (run_id, user_id, kind, memory_ids, reason, details, status,
                              resolution, resolved_at)
 SELECT :run_id, r.user_id, r.kind, ARRAY(SELECT jsonb_array_elements_text(r.memory_ids))::uuid[],
        'restored', jsonb_build_object('undid_run', CAST(:undid_run AS text)), 'resolved',
        '{"decision": "dismiss", "by": "restore"}'::jsonb, clock_timestamp()
 FROM jsonb_to_recordset(CAST(:items AS jsonb)) AS r(user_id text, kind text, memory_ids jsonb)
+WHERE NOT EXISTS (
+    SELECT 1 FROM jsonb_array_elements_text(r.memory_ids) AS i(id)
+    WHERE EXISTS (SELECT 1 FROM gc_erasure_tombstones t
+                  WHERE t.user_id = r.user_id AND t.memory_id = CAST(i.id AS uuid))
+       OR EXISTS (SELECT 1 FROM memories m
+                  WHERE m.id = CAST(i.id AS uuid) AND m.status = 'deleted'
+                    AND m.status_reason IN ('erasure', 'erasure_tombstone')))
 
 -- review_list --
 -- Review items, newest first, optionally of one user and one status.

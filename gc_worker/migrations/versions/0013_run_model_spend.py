@@ -1,4 +1,4 @@
-"""One model budget per run, whatever number of processes work it.
+"""One model budget per run, whatever number of processes work it; resolved reviews by user.
 
 Revision ID: 0013
 
@@ -7,6 +7,10 @@ run started from what the run's batches had recorded by then, so replicas joinin
 run together (each at zero) could together spend the budget once each. ``gc_run_llm_spend``
 holds what every process and thread working a run has spent on the model: a call is taken
 from it (``UPDATE … WHERE calls < limit``) before it is made, and its tokens added after.
+
+``gc_review_items_user_kind_idx``: every batch of compaction and contradiction reads its users'
+dismissed reviews (a `restore` of a model's merge or verdict records one); the only index by
+user covered open items, so resolved ones were a scan of the whole table per batch.
 """
 
 from alembic import op
@@ -27,7 +31,9 @@ def upgrade() -> None:
         )
         """
     )
+    op.execute("CREATE INDEX gc_review_items_user_kind_idx ON gc_review_items (user_id, kind)")
 
 
 def downgrade() -> None:
+    op.execute("DROP INDEX gc_review_items_user_kind_idx")
     op.execute("DROP TABLE gc_run_llm_spend")
