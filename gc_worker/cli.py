@@ -174,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _stderr_or_nothing() -> None:
     try:
-        logs.drain_stderr()
+        if not logs.drain_stderr():  # a reader that does not read: the exit's flush would fail
+            logs.stderr_to_nothing()
     except BrokenPipeError:
         logs.stderr_to_nothing()
     except (OSError, ValueError, AttributeError):  # closed (`2>&-`: no sys.stderr at all)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -869,3 +870,31 @@ def test_a_closed_stderr_keeps_the_exit_code() -> None:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
                               preexec_fn=lambda: os.close(2))  # fmt: skip
         assert proc.returncode == code, argv
+
+
+def test_a_reader_of_a_non_blocking_stderr_that_never_reads_costs_one_wait(monkeypatch):
+    """A reader that never reads: the first version waited DRAIN_SECONDS for every flush
+    (three or four per log line: 15–20 s a line with the default 5 s, and 11 s at exit).
+    Once a wait ran out nothing waits again until a flush goes through. Found by a review."""
+    import fcntl
+    import io
+
+    from gc_worker import logs
+
+    monkeypatch.setattr(logs, "DRAIN_SECONDS", 0.3)
+    monkeypatch.setattr(logs, "_stalled", threading.Event(), raising=False)
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETFL, fcntl.fcntl(write_end, fcntl.F_GETFL) | os.O_NONBLOCK)
+    raw = open(write_end, "wb", buffering=8192)  # noqa: SIM115  (closed below, as stderr)
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(raw, line_buffering=True))
+    out = logs._Stderr()
+    started = time.monotonic()
+    for i in range(400):  # ~80 KB: more than the pipe holds
+        out.write(json.dumps({"i": i, "pad": "x" * 180}) + "\n")
+        out.flush()
+    waited = time.monotonic() - started
+    assert logs.drain_stderr() is False  # what is left cannot go: the exit sends it nowhere
+    assert waited < 3.0, f"{waited:.1f} s: the writer waited more than once"
+    os.close(read_end)
+    with contextlib.suppress(OSError):
+        sys.stderr.close()
