@@ -137,7 +137,40 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
         }
         | _merges_on_declared_rows(conn, actions)
         | _about_changed_rows(conn, actions)
+        | _dismissed_since(conn, actions)
     )
+
+
+def _dismissed_since(conn: Connection, actions: Sequence[Action]) -> set[int]:
+    """ids() of model merges and verdicts a person dismissed after planning (a restore of the
+    same decision made meanwhile by another run, a `resolve --dismiss`): planning leaves
+    dismissed sets apart, and a restore puts the rows' status fields back exactly, so no
+    version would drift them."""
+    merges = [a for a in actions if (a.job, a.action) == ("compaction", Kind.MERGE)]
+    verdicts = [
+        a for a in actions
+        if (a.job, a.action) == ("contradiction", Kind.OBSOLETE)
+        and a.details.get("basis") == "similar" and a.details.get("superseded_by")
+    ]  # fmt: skip
+    if not merges and not verdicts:
+        return set()
+    params = {"ids": [a.memory_id for a in [*merges, *verdicts]],
+              "users": sorted({a.user_id for a in [*merges, *verdicts]})}  # fmt: skip
+    dismissed: dict[str, list[set[str]]] = {"compaction": [], "contradiction": []}
+    for row in conn.execute(q("dismissed_among"), params):
+        dismissed[row.kind].append({str(m) for m in row.memory_ids})
+    groups: dict[Any, set[str]] = {}
+    for a in merges:
+        groups.setdefault(a.group, set()).add(str(a.memory_id))
+    apart = {
+        g for g, ids in groups.items() if any(len(ids & s) >= 2 for s in dismissed["compaction"])
+    }
+    return {id(a) for a in merges if a.group in apart} | {
+        id(a)
+        for a in verdicts
+        if any({str(a.memory_id), str(a.details["superseded_by"])} <= s
+               for s in dismissed["contradiction"])
+    }  # fmt: skip
 
 
 def _about_changed_rows(conn: Connection, actions: Sequence[Action]) -> set[int]:

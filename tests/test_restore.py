@@ -10,6 +10,7 @@ from uuid import UUID
 
 import pytest
 
+from gc_worker import engine as gc_engine
 from gc_worker import erasure, restore
 from gc_worker.verify_erasure import verify
 from tests.conftest import TEST_DIM
@@ -381,3 +382,28 @@ class TestDismissalsAndErasure:
             [b, c])  # fmt: skip
         check = verify(engine, now=later(1.1), memory_id=a)
         assert check.clean, [r.describe() for r in check.residues]
+
+
+def test_a_plan_made_before_the_restore_does_not_redo_it(engine, settings, make_llm):
+    """A dry run planned the model's merge; an on-demand run applied it meanwhile, and it was
+    restored: applying the older plan merged the rows again (restore puts their status fields
+    back exactly, so no version drifted). The dismissal now drifts the whole group. Found by a
+    review."""
+    llm = make_llm(FakeModel("good"))
+    a, b = [add(engine, "u1", t, embedding=E0, created_at=days_ago(3)) for t in NEAR[:2]]
+    plan = run(engine, settings, jobs=["compaction"], users=["u1"], llm=llm, dry_run=True)
+    applied = run(engine, settings, jobs=["compaction"], users=["u1"], llm=llm, now=later(0.01))
+    restore.restore_run(engine, UUID(applied["run_id"]), now=later(0.02))
+    gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+    assert (status(engine, a), status(engine, b)) == ("active", "active")
+
+
+def test_a_plan_made_before_the_restore_does_not_redo_a_verdict(engine, settings, make_llm):
+    llm = make_llm(FakeModel("good"))
+    old = add(engine, "u1", "Lives in Paris", embedding=E0, created_at=days_ago(10))
+    add(engine, "u1", "Lives in Berlin.", embedding=E0, created_at=days_ago(1))
+    plan = run(engine, settings, jobs=["contradiction"], users=["u1"], llm=llm, dry_run=True)
+    applied = run(engine, settings, jobs=["contradiction"], users=["u1"], llm=llm, now=later(0.01))
+    restore.restore_run(engine, UUID(applied["run_id"]), now=later(0.02))
+    gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+    assert status(engine, old) == "active"

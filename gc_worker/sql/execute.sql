@@ -210,3 +210,11 @@ RETURNING a.id
 -- the GIN index on memory_ids.
 DELETE FROM gc_llm_cache WHERE memory_ids && CAST(:ids AS uuid[])
 RETURNING key
+
+-- dismissed_among --
+-- Dismissed reviews (a person's `resolve --dismiss`, a restore of the model's decision) naming
+-- any of :ids: a planned merge or verdict they keep apart was dismissed after planning.
+SELECT kind, memory_ids
+FROM gc_review_items
+WHERE user_id = ANY(:users) AND kind IN ('compaction', 'contradiction')
+  AND resolution ->> 'decision' = 'dismiss' AND memory_ids && CAST(:ids AS uuid[])
