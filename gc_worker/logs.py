@@ -25,7 +25,8 @@ class _Stderr:
 
     def write(self, text: str) -> int:
         try:
-            drain_stderr()  # what a slow reader left in the buffer goes first, whole
+            if not drain_stderr():  # what a slow reader left goes first, whole; while it
+                return 0  # cannot, this line is dropped whole (part of it would be cut)
             return sys.stderr.write(text)
         except BrokenPipeError:  # the reader left for good
             stderr_to_nothing()

@@ -895,6 +895,19 @@ def test_a_reader_of_a_non_blocking_stderr_that_never_reads_costs_one_wait(monke
     waited = time.monotonic() - started
     assert logs.drain_stderr() is False  # what is left cannot go: the exit sends it nowhere
     assert waited < 3.0, f"{waited:.1f} s: the writer waited more than once"
+    received = bytearray()
+    fcntl.fcntl(read_end, fcntl.F_SETFL, fcntl.fcntl(read_end, fcntl.F_GETFL) | os.O_NONBLOCK)
+    for line in range(3):  # the reader comes back: later lines arrive, and none is cut
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(read_end, 65536):
+                received.extend(chunk)
+        out.write(json.dumps({"after": line}) + "\n")
+        out.flush()
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(read_end, 65536):
+            received.extend(chunk)
+    lines = [json.loads(line) for line in received.decode().splitlines()]  # each one whole
+    assert [x["after"] for x in lines if "after" in x] == [0, 1, 2]
     os.close(read_end)
     with contextlib.suppress(OSError):
         sys.stderr.close()
