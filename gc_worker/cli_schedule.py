@@ -111,6 +111,11 @@ def _metrics_server(args: argparse.Namespace, daemon: Any) -> Any:
             f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}; "
             f"pick another {fix}"
         ) from None
+    except (TypeError, UnicodeError) as exc:  # a host name the resolver cannot encode
+        raise UsageError(
+            f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}; "
+            "pick another --metrics-host"
+        ) from None
     print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
     return server
 

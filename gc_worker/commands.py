@@ -175,15 +175,15 @@ def _check_report_path(path: Path, option: str = "--report") -> None:
         render.format_for_path(path)
     except ValueError as exc:
         raise UsageError(f"{option} {path}: {exc}") from None
-    if path.is_dir():
-        example = path / "report.json"
-        raise UsageError(f"{option} {path} is a directory; name a file, e.g. {example}")
-    # probe without side effects: a temporary file in the nearest existing folder (the report's
-    # own folders are created when it is written), and the file itself if it exists
-    folder = path.absolute().parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
     try:
+        if path.is_dir():  # (OSError for a name the file system cannot hold: too long)
+            example = path / "report.json"
+            raise UsageError(f"{option} {path} is a directory; name a file, e.g. {example}")
+        # probe without side effects: a temporary file in the nearest existing folder (the
+        # report's own folders are created when it is written), and the file itself if it exists
+        folder = path.absolute().parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
         if path.exists() and not os.access(path, os.W_OK):
             raise PermissionError("the file is not writable")
         if not folder.is_dir():
@@ -272,7 +272,14 @@ def cmd_demo(args: argparse.Namespace, ctx: Context) -> int:
 
     logs.configure(os.environ.get("MEMORY_GC_LOG_LEVEL") or "warning")  # a person is reading
     if args.output_dir is not None:  # checked before the demo database is dropped and seeded
-        if args.output_dir.exists() and not args.output_dir.is_dir():
+        try:
+            is_file = args.output_dir.exists() and not args.output_dir.is_dir()
+        except OSError as exc:  # a name the file system cannot hold (too long)
+            raise UsageError(
+                f"--output-dir {args.output_dir} cannot be used ({exc.strerror or exc}); "
+                "choose a writable folder (nothing was run)"
+            ) from None
+        if is_file:
             raise UsageError(f"--output-dir {args.output_dir} is a file; name a folder")
         _check_report_path(args.output_dir / "dry-run.json", "--output-dir")
     return demo.run_demo(ctx, output_dir=args.output_dir, apply=args.apply)

@@ -200,11 +200,19 @@ class ErasureSettings(JobSection):
 
 
 class LLMSettings(Section):
+    # every call would be refused and every model decision silently deferred, night after night
     model: str = "gpt-4.1-mini"
     max_calls_per_run: int = Field(500, ge=0, le=10**15)
     max_tokens_per_run: int = Field(2_000_000, ge=0, le=10**15)
     timeout_seconds: float = Field(30.0, gt=0, le=86_400)
     max_retries: int = Field(3, ge=0, le=10)
+
+    @field_validator("model")
+    @classmethod
+    def _named(cls, value: str) -> str:
+        if not value.strip():  # every call would be refused: each decision deferred, nightly
+            raise ValueError("names no model; set e.g. gpt-4.1-mini")
+        return value
 
 
 class EmbeddingSettings(Section):
@@ -263,6 +271,11 @@ def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None 
     env = os.environ if env is None else env
     named_by = "--config" if path is not None else ENV_PREFIX + "CONFIG"
     path = path if path is not None else env.get(ENV_PREFIX + "CONFIG")
+    if path is not None and not str(path).strip():  # an unset variable, not "no config"
+        raise ConfigError(
+            f"{named_by} is set but empty (an unset secret or variable?); name the TOML file, "
+            f"or leave {named_by} out to run on the built-in defaults"
+        )
     layers: list[tuple[str, dict[str, Any]]] = []
     if path:
         layers.append((str(path), _read_toml(Path(path), named_by)))
@@ -302,9 +315,13 @@ def _check_base_url(url: str) -> None:
     """A mistyped endpoint is refused at start-up: every model call would fail, and the run
     would defer every model decision night after night as if no model were configured. The
     message shows scheme, host and port only (the URL may carry a key)."""
-    parts = urlsplit(url)
-    shown = f"{parts.scheme}://{parts.hostname}" if parts.hostname else "it"
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # an unclosed or invalid [IPv6] host: urlsplit refuses it
+        parts, host = urlsplit(""), None
+    shown = f"{parts.scheme}://{host}" if host else "it"
+    if parts.scheme.lower() not in ("http", "https") or not host:
         problem = "is not an http(s) URL with a host"
     elif any(c.isspace() or not c.isprintable() for c in url):
         problem = f"({shown}) contains a space or a control character"

@@ -80,7 +80,7 @@ def _with_psycopg_driver(url: str) -> str:
 
 
 # libpq refusing an option's value before any connection (`invalid sslmode value: "bogus"`)
-LIBPQ_BAD_OPTION = re.compile(r"\binvalid \w+ value: ")
+LIBPQ_BAD_OPTION = re.compile(r"\binvalid (\w+ value|port number): ")
 
 
 class ExtremeTimestamptzLoader(psycopg.adapt.Loader):
@@ -183,6 +183,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         raise ConfigError(
             f"MEMORY_GC_DATABASE_URL ({_redact(url)}) was refused by the driver: "
             f"{describe_error(exc)}; fix the URL's options"
+        ) from None
+    except UnicodeError:  # a host name with an empty or over-long label (db..example.com)
+        engine.dispose()
+        raise ConfigError(
+            f"MEMORY_GC_DATABASE_URL ({_redact(url)}) names a host that is not a valid host name "
+            "(an empty label, `..`, or one over 63 characters); fix the URL's host"
         ) from None
     return engine
 

@@ -1,0 +1,136 @@
+"""CLI inputs that once escaped as a traceback or were taken silently: each exits 2 with a
+message naming what to fix, and changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from gc_worker.cli import main
+
+NOW_ARG = "2026-06-01T03:00:00+00:00"
+UUID0 = "00000000-0000-0000-0000-000000000000"
+
+
+def cli(argv: list[str], capsys) -> tuple[object, str]:
+    """(exit code, stderr) of one command; an exception escaping main (what an operator sees as a
+    traceback) is returned as the code, so the assertion shows it."""
+    try:
+        code: object = main(argv)
+    except BaseException as exc:
+        code = f"traceback: {type(exc).__name__}: {exc}"
+    return code, capsys.readouterr().err
+
+
+def run_count(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(sa.text("SELECT count(*) FROM gc_runs")).scalar_one()
+
+
+# --- environment ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["https://[::1/v1", "http://[bad]/v1"])
+def test_openai_base_url_with_broken_brackets_is_a_config_error(monkeypatch, capsys, url):
+    """OPENAI_BASE_URL=https://[::1/v1 (a missing bracket): urlsplit's ValueError escapes
+    _check_base_url -> traceback, exit 1. Should be exit 2 naming OPENAI_BASE_URL."""
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    code, err = cli(["runs"], capsys)
+    assert code == 2, code
+    assert "OPENAI_BASE_URL" in err
+
+
+@pytest.mark.parametrize("host", ["db..example.com", "a" * 64 + ".example.com"])
+def test_database_url_with_an_empty_or_too_long_host_label_is_a_clean_error(
+    monkeypatch, capsys, host
+):
+    """MEMORY_GC_DATABASE_URL=postgresql://u@db..example.com/db (a doubled dot): the idna
+    UnicodeError from getaddrinfo escapes make_engine -> traceback, exit 1. Should be a one-line
+    error naming MEMORY_GC_DATABASE_URL (a malformed URL: exit 2)."""
+    monkeypatch.setenv("MEMORY_GC_DATABASE_URL", f"postgresql://u:pw@{host}/db")
+    code, err = cli(["runs"], capsys)
+    assert code == 2, code
+    assert "MEMORY_GC_DATABASE_URL" in err
+
+
+@pytest.mark.parametrize("port", ["0", "70000"])
+def test_database_url_port_out_of_range_in_the_query_exits_2(
+    cli_env, monkeypatch, capsys, engine, port
+):
+    """`?port=0` / `?port=70000` (instead of host:port): exit 1 "cannot connect … check … that the
+    server is running". The README promises exit 2 for an unusable URL, port included (the
+    host:port form is refused with exit 2)."""
+    monkeypatch.setenv("MEMORY_GC_DATABASE_URL", f"{cli_env}&port={port}")
+    code, err = cli(["runs"], capsys)
+    assert code == 2, (code, err)
+
+
+@pytest.mark.parametrize("how", ["--config", "MEMORY_GC_CONFIG"])
+def test_an_empty_config_path_is_refused(cli_env, monkeypatch, capsys, how):
+    """`--config ""` or MEMORY_GC_CONFIG="" (an unset variable in `--config "$CFG"`, an unset
+    secret): silently ignored, the command runs on the built-in defaults (e.g. 30-day
+    retention instead of the operator's). MEMORY_GC_DATABASE_URL="" is refused (exit 2) for
+    exactly this reason; the config path should be too."""
+    if how == "--config":
+        argv = ["--config", "", "runs"]
+    else:
+        monkeypatch.setenv("MEMORY_GC_CONFIG", "")
+        argv = ["runs"]
+    code, err = cli(argv, capsys)
+    assert code == 2, (code, err)
+
+
+# --- configuration values ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ['""', '"   "'])
+def test_an_empty_llm_model_is_refused(cli_env, monkeypatch, capsys, value):
+    """[llm] model = "" is accepted; with an LLM configured every chat request is refused by the
+    API (400, treated per request as refused-for-content) and every decision is deferred, night
+    after night - the same silent failure that makes a malformed OPENAI_BASE_URL exit 2."""
+    monkeypatch.setenv("MEMORY_GC_LLM__MODEL", value)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    code, err = cli(["runs"], capsys)
+    assert code == 2, (code, err)
+    assert "llm.model" in err
+
+
+# --- arguments --------------------------------------------------------------------------------
+
+LONG = "a" * 300  # one path component longer than NAME_MAX (255)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--dry-run", "--now", NOW_ARG, "--report", "{tmp}/" + LONG + ".json"],
+        ["run", "--now", NOW_ARG, "--report", "{tmp}/" + LONG + ".json"],
+        ["apply", UUID0, "--report", "{tmp}/" + LONG + ".md"],
+        ["report", UUID0, "--output", "{tmp}/" + LONG + ".html"],
+        ["demo", "--output-dir", "{tmp}/" + LONG],
+    ],
+    ids=["run-dry", "run-apply", "apply", "report", "demo"],
+)
+def test_a_report_path_with_a_too_long_name_exits_2(cli_env, engine, tmp_path, capsys, argv):
+    """`memory-gc run --report /tmp/<300 chars>.json`: Path.is_dir() raises OSError ENAMETOOLONG
+    inside _check_report_path -> traceback, exit 1. Should be the usual "--report … cannot be
+    written (File name too long)" exit 2, nothing run."""
+    before = run_count(engine)
+    code, err = cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    assert code == 2, code
+    assert "cannot be written" in err or "too long" in err
+    assert run_count(engine) == before
+
+
+@pytest.mark.parametrize("host", ["é..b", "é" * 70])
+def test_a_metrics_host_that_cannot_be_encoded_exits_2(cli_env, capsys, host):
+    """`schedule --metrics-host é..b`: socket.bind raises TypeError("encoding of hostname
+    failed"), which only OSError is caught for -> traceback, exit 1. Should be exit 2 "pick
+    another --metrics-host" like any other bad host."""
+    code, err = cli(
+        ["schedule", "--once-due", "--now", NOW_ARG, "--metrics-port", "0",
+         "--metrics-host", host],
+        capsys,
+    )  # fmt: skip
+    assert code == 2, code
+    assert "--metrics-host" in err
