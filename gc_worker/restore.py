@@ -53,6 +53,11 @@ def restore_run(engine: Engine, run_id: UUID, *, now: datetime | None = None) ->
 def _restore_run(engine: Engine, run_id: UUID, now: datetime | None) -> RestoreResult:
     with transaction(engine) as conn:
         run = load_run(conn, run_id)
+        if run["mode"] == "dry_run" and run.get("applied_by") is not None:
+            raise UsageError(
+                f"run {run_id} is a dry run whose plan run {run['applied_by']} applied; restore "
+                f"that run: memory-gc restore --run {run['applied_by']}"
+            )
         if run["mode"] == "dry_run":
             raise UsageError(
                 f"run {run_id} is a dry run: it changed nothing, so there is nothing to restore"
@@ -174,6 +179,7 @@ def _still_in_place(conn: Connection, rows: list[Any]) -> set[UUID]:
         "closed_valid_until": [_details(r).get("close_valid_until") for r in rows],
         "set_superseded": [_details(r).get("superseded_by") for r in rows],
         "priors": [json.dumps(r.prior) for r in rows],
+        "users": [r.user_id for r in rows],
         "run_now": rows[0].run_now,
     }
     return set(conn.execute(q("restore_in_place"), params).scalars())

@@ -48,15 +48,16 @@ WHERE run_id = :run_id AND outcome = 'applied' AND details ->> 'group' = :grp
 -- status, reason and instant, and the valid_until, superseded_by and deleted_at the action left
 -- (its own value where it wrote one, the prior one where it did not; apply_status's coalesce).
 -- A row the application changed since keeps the application's write (a user's own delete of
--- a row the worker had retired stamps deleted_at). Locked until the restore commits, so
+-- a row the worker had retired stamps deleted_at; a row moved to another user stays retired:
+-- no restore spans two users). Locked until the restore commits, so
 -- nothing changes between this check and restore_status.
 SELECT m.id
 FROM memories m
 JOIN unnest(CAST(:ids AS uuid[]), CAST(:expect_status AS text[]), CAST(:expect_reason AS text[]),
             CAST(:closed_valid_until AS timestamptz[]), CAST(:set_superseded AS uuid[]),
-            CAST(:priors AS jsonb[]))
-     AS a(id, expect_status, expect_reason, closed_valid_until, set_superseded, prior)
-  ON m.id = a.id
+            CAST(:priors AS jsonb[]), CAST(:users AS text[]))
+     AS a(id, expect_status, expect_reason, closed_valid_until, set_superseded, prior, user_id)
+  ON m.id = a.id AND m.user_id = a.user_id
 CROSS JOIN LATERAL jsonb_to_record(a.prior)
      AS p(superseded_by uuid, valid_until timestamptz, deleted_at timestamptz)
 WHERE m.status = a.expect_status AND m.status_reason = a.expect_reason
@@ -65,6 +66,10 @@ WHERE m.status = a.expect_status AND m.status_reason = a.expect_reason
   AND m.superseded_by IS NOT DISTINCT FROM coalesce(a.set_superseded, p.superseded_by)
   AND m.deleted_at IS NOT DISTINCT FROM
       CASE WHEN a.expect_status = 'deleted' THEN CAST(:run_now AS timestamptz) ELSE p.deleted_at END
+  AND NOT EXISTS (  -- a pending erasure request names it (its user's, or the memory's own):
+      SELECT 1 FROM gc_erasure_requests r  -- not back on the read path until the request is done
+      WHERE r.status = 'pending' AND r.user_id = m.user_id
+        AND (r.kind = 'user' OR r.memory_id = m.id))
 FOR UPDATE OF m
 
 -- restore_status --
@@ -100,7 +105,8 @@ SELECT id FROM memories WHERE id = ANY(:ids) AND status = 'active' FOR SHARE
 -- not pinned, the same user, content and updated_at (the application sets updated_at when it
 -- edits a memory, the worker never does; the content is compared too, for writers that do
 -- not), and the columns the run gave it that only the application changes afterwards: scope,
--- slot, validity, TTL, metadata, importance (unless the worker's own importance job wrote it).
+-- slot, validity, TTL, metadata, type, source, confidence, declared supersedes (none at
+-- creation), importance (unless the worker's own importance job wrote it).
 -- A record the application edited, pinned, moved or retired since is its own. Locked until
 -- the restore commits.
 SELECT m.id
@@ -117,6 +123,10 @@ WHERE m.status = 'active' AND NOT m.pinned AND m.user_id = a.user_id
   AND m.valid_until IS NOT DISTINCT FROM r.valid_until
   AND m.expires_at IS NOT DISTINCT FROM r.expires_at
   AND m.metadata = coalesce(r.metadata, CAST('{}' AS jsonb))
+  AND m.memory_type = coalesce(r.memory_type, 'semantic')
+  AND m.source = coalesce(r.source, 'gc_merge')
+  AND m.confidence = coalesce(r.confidence, 1.0)
+  AND cardinality(m.supersedes) = 0
   AND (m.importance = coalesce(r.importance, 3)
        OR EXISTS (SELECT 1 FROM gc_actions g
                   WHERE g.memory_id = m.id AND g.action = 'set_importance'

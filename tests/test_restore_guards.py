@@ -1,0 +1,73 @@
+"""Restore keeps what is not its to undo: a row moved to another user, a created record the
+application edited in any column, a row a pending erasure request names; and it names the apply
+run when given the id of a plan that was applied."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import UUID
+
+import pytest
+
+from gc_worker import erasure, restore
+from gc_worker.db import transaction
+from tests.store import NOW, add, days_ago, execute, run, status
+from tests.test_compaction import E0
+
+
+def merged(engine, settings, user: str = "u1") -> tuple[list[UUID], UUID, str]:
+    members = [
+        add(engine, user, "Has a dog", embedding=E0, created_at=days_ago(3)) for _ in range(2)
+    ]
+    report = run(engine, settings, jobs=["compaction"], users=[user])
+    record = next(a["memory_id"] for a in report["actions"] if a["action"] == "create_merged")
+    return members, UUID(record), report["run_id"]
+
+
+@pytest.mark.parametrize(
+    ("column", "edit"),
+    [("confidence", "confidence = 0.2"),
+     ("memory_type", "memory_type = 'procedural'"),
+     ("supersedes", "supersedes = ARRAY[gen_random_uuid()]"),
+     ("source", "source = 'explicit_user_statement'")],
+)  # fmt: skip
+def test_an_application_edit_of_the_merged_record_keeps_it(engine, settings, column, edit):
+    members, record, run_id = merged(engine, settings)
+    execute(engine, f"UPDATE memories SET {edit} WHERE id = :id", id=record)
+    result = restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(days=3))
+    assert status(engine, record) == "active", f"{column}: the application's edit was retired"
+    assert [status(engine, m) for m in members] == ["merged", "merged"]
+    assert set(result.not_restorable) == {*members, record}
+
+
+def test_a_retired_row_moved_to_another_user_is_not_brought_back(engine, settings):
+    m = add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
+    report = run(engine, settings, jobs=["ttl_expiry"])
+    execute(engine, "UPDATE memories SET user_id = 'u2' WHERE id = :id", id=m)
+    result = restore.restore_run(engine, UUID(report["run_id"]), now=NOW + timedelta(hours=1))
+    assert (status(engine, m), result.not_restorable) == ("deleted", [m]), (
+        "u1's run reactivated a row that is now u2's"
+    )
+
+
+def test_restore_does_not_reexpose_a_user_with_a_pending_forget_request(engine, settings):
+    m = add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
+    report = run(engine, settings, jobs=["ttl_expiry"])
+    with transaction(engine) as conn:
+        erasure.file_request(conn, user_id="u1")
+    restore.restore_run(engine, UUID(report["run_id"]), now=NOW + timedelta(hours=1))
+    assert status(engine, m) == "deleted", (
+        "restore put a memory of a user who asked to be forgotten back on the read path"
+    )
+
+
+def test_restoring_an_applied_plan_by_its_id_names_the_apply_run(engine, settings):
+    from gc_worker import engine as gc_engine
+    from gc_worker.errors import UsageError
+
+    add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
+    plan = run(engine, settings, jobs=["ttl_expiry"], dry_run=True)
+    applied = gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+    with pytest.raises(UsageError) as err:
+        restore.restore_run(engine, UUID(plan["run_id"]))
+    assert str(applied) in str(err.value), str(err.value)
