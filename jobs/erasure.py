@@ -94,6 +94,9 @@ def plan_erasure(
     _take_sources(targets, requests, sources, by_id, [s for _, s in audited_sources])
     _match_tombstones(targets, rows, digests, tombstones)
     _propagate(targets, rows, digests, derived)
+    while twins := _twins_with_sources(targets, requests, sources, by_id, audited_sources):
+        _walk_sources(targets, twins, sources, by_id)
+        _propagate(targets, rows, digests, derived)
     purge_now = {r.id for r in requests if r.purge_now}
     return _actions(targets, by_id, sources, purge_now)
 
@@ -151,6 +154,39 @@ def _take_sources(
     frontier = [r.memory_id for r in requests if r.kind == "memory" and r.memory_id in targets]
     # and from the sources the audit names for a requested record the application deleted
     frontier += [s for s in dict.fromkeys(audited) if s in targets and s not in frontier]
+    _walk_sources(targets, frontier, sources, by_id)
+
+
+def _twins_with_sources(
+    targets: Mapping[UUID, _Target],
+    requests: Sequence[Request],
+    sources: Mapping[UUID, set[UUID]],
+    by_id: Mapping[UUID, Any],
+    audited_sources: Sequence[tuple[UUID, UUID]],
+) -> list[UUID]:
+    """Rows erased as the same text as a memory erased downward (a requested memory, or one it
+    was made from) whose own sources are not all taken yet: a merged record's exact twin holds
+    the same facts, and its sources would otherwise come back (_reactivations) in their own
+    words — the forgotten fact on the read path again."""
+    down = {r.memory_id for r in requests if r.kind == "memory"} | {s for _, s in audited_sources}
+    down |= {m for m, t in targets.items() if "source_of" in t.details}
+    return [
+        m
+        for m, t in targets.items()
+        if m not in down
+        and any(s not in targets and s in by_id and by_id[s].user_id == by_id[m].user_id
+                for s in sources.get(m, ()))
+        and any(UUID(v) in down for v in t.details.get("same_content_as", ()))
+    ]  # fmt: skip
+
+
+def _walk_sources(
+    targets: dict[UUID, _Target],
+    frontier: list[UUID],
+    sources: Mapping[UUID, set[UUID]],
+    by_id: Mapping[UUID, Any],
+) -> None:
+    """Take the records ``frontier``'s rows were made from, transitively (same user only)."""
     while frontier:
         added: list[UUID] = []
         for memory_id in frontier:

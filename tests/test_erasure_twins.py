@@ -1,0 +1,47 @@
+"""Forgetting a merged record takes its exact twin's sources too: they state the same facts,
+and brought back they would put the forgotten fact on the read path in their own words."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from gc_worker import erasure
+from tests.store import NOW, add, execute, run, status
+
+DAY = timedelta(days=1)
+
+
+def keep_in_use(engine, user="u1", at=NOW):
+    execute(
+        engine,
+        "UPDATE memories SET last_accessed_at = :t, importance = 5"
+        " WHERE user_id = :u AND status = 'active'",
+        t=at,
+        u=user,
+    )
+
+
+def test_forgetting_a_merged_record_reactivates_the_sources_of_its_same_text_twin(engine, settings):
+    """forget M, a merged record ("Drinks oolong tea every morning", from A and B). Its
+    sources A and B are erased with it (they state its facts: docs/erasure.md). M2, another
+    merged record of the user with the same text (from C and D), is erased as M's twin
+    (same_content_as) -- but C and D are *reactivated* (erasure_reactivated), because
+    _take_sources only walks down from the requested memory, not from its twins. The fact the
+    user asked to forget is back on the read path, in C's and D's words."""
+    from tests.test_erasure_helpers import merge
+
+    text = "Drinks oolong tea every morning"
+    a = add(engine, "u1", "Has oolong tea each morning")
+    b = add(engine, "u1", "Morning drink: oolong")
+    c = add(engine, "u1", "Starts the day with oolong tea")
+    d = add(engine, "u1", "Oolong is the morning tea")
+    add(engine, "u1", "Likes jazz")
+    m = merge(engine, "u1", [a, b], text, [1.0] + [0.0] * 7)
+    m2 = merge(engine, "u1", [c, d], text, [0.0, 1.0] + [0.0] * 6)
+    keep_in_use(engine)
+    erasure.forget(engine, settings, now=NOW + DAY, memory_id=m)
+    run(engine, settings, now=NOW + DAY, jobs=["erasure"])
+    states = {name: status(engine, i) for name, i in
+              {"m": m, "a": a, "b": b, "m2": m2, "c": c, "d": d}.items()}  # fmt: skip
+    assert states["m"] == states["m2"] == states["a"] == states["b"] == "deleted"
+    assert (states["c"], states["d"]) == ("deleted", "deleted"), states
