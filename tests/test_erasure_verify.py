@@ -142,3 +142,25 @@ class TestVerify:
 
         with pytest.raises(NotFoundError, match="memory-gc forget"):
             verify(engine, now=NOW, memory_id=uuid4())
+
+
+class TestVerifyOneMemoryOfSeveralRequests:
+    def test_a_misfiled_earlier_request_does_not_hide_the_owners_residue(self, engine, settings):
+        """Requests for one memory filed under two users (the first under the wrong one: it
+        completes once the row is gone) are each checked with their own user's rows and hashes:
+        the erased text written back under its owner is a residue, not "clean"."""
+        add(engine, "u2", "Something of u2's")
+        memory_id = add(engine, "u1", "Lives in Quokkaville")
+        execute(engine, "INSERT INTO gc_erasure_requests (kind, user_id, memory_id, requested_at)"
+                        " VALUES ('memory', 'u2', :m, :at)",
+                m=memory_id, at=NOW - timedelta(hours=1))  # fmt: skip
+        erasure.forget(engine, settings, now=NOW, memory_id=memory_id, purge_now=True)
+        run(engine, settings, jobs=("erasure",))
+        assert {r["user_id"]: r["status"] for r in requests(engine)} == {
+            "u1": "completed", "u2": "completed"}  # fmt: skip
+        clean = verify(engine, now=NOW, memory_id=memory_id)
+        assert clean.residues == []
+        add(engine, "u1", "lives in Quokkaville.")  # a stale writer puts it back
+        result = verify(engine, now=NOW, memory_id=memory_id)
+        assert [(r.table, r.column, r.match) for r in result.residues] == [
+            ("memories", "content", "content")]  # fmt: skip
