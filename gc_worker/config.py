@@ -200,7 +200,6 @@ class ErasureSettings(JobSection):
 
 
 class LLMSettings(Section):
-    # every call would be refused and every model decision silently deferred, night after night
     model: str = "gpt-4.1-mini"
     max_calls_per_run: int = Field(500, ge=0, le=10**15)
     max_tokens_per_run: int = Field(2_000_000, ge=0, le=10**15)

@@ -82,7 +82,7 @@ class Verification:
     user_id: str
     request_ids: list[UUID]
     residues: list[Residue] = field(default_factory=list)
-    owners: list[str] = field(default_factory=list)  # the users the requests name
+    owners: list[str] = field(default_factory=list)  # the users the requests name, oldest first
     tables: int = 0
     columns: int = 0
 
@@ -149,14 +149,10 @@ def verify(
         result = _verification(conn, user_id, memory_id)
         # one memory's requests may name different users (one filed under the wrong user, which
         # completes once the row is gone): each user's rows and hashes are checked
-        owners = [user_id] if memory_id is None else list(dict.fromkeys(result.owners))
-        for owner in owners:
-            tables, columns = result.tables, result.columns
+        for owner in result.owners:
             result.user_id = owner
             _scan(conn, result, _needles(conn, result, memory_id), all_tables=all_tables)
-            if owner != owners[0]:  # the same tables and columns again: counted once
-                result.tables, result.columns = tables, columns
-        result.user_id = owners[0]
+        result.user_id = result.owners[0]
         result.residues = list(dict.fromkeys(result.residues))
         if user_id is not None:
             result.residues += [
@@ -184,7 +180,7 @@ def _verification(conn: Connection, user_id: str | None, memory_id: UUID | None)
         target=f"user {user_id}" if user_id is not None else f"memory {memory_id}",
         user_id=requests[0]["user_id"],
         request_ids=[r["id"] for r in requests],
-        owners=[r["user_id"] for r in requests],
+        owners=list(dict.fromkeys(r["user_id"] for r in requests)),
     )
     result.residues += [
         Residue("gc_erasure_requests", "status", str(r["id"]), "pending")
