@@ -50,6 +50,16 @@ def test_a_retired_row_moved_to_another_user_is_not_brought_back(engine, setting
     )
 
 
+def test_a_retired_row_moved_back_to_its_user_is_restored(engine, settings):
+    """Just inside: moved away and back, the row is its user's again and restorable."""
+    m = add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
+    report = run(engine, settings, jobs=["ttl_expiry"])
+    execute(engine, "UPDATE memories SET user_id = 'u2' WHERE id = :id", id=m)
+    execute(engine, "UPDATE memories SET user_id = 'u1' WHERE id = :id", id=m)
+    result = restore.restore_run(engine, UUID(report["run_id"]), now=NOW + timedelta(hours=1))
+    assert (status(engine, m), result.not_restorable) == ("active", [])
+
+
 def test_restore_does_not_reexpose_a_user_with_a_pending_forget_request(engine, settings):
     m = add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
     report = run(engine, settings, jobs=["ttl_expiry"])
@@ -71,3 +81,15 @@ def test_restoring_an_applied_plan_by_its_id_names_the_apply_run(engine, setting
     with pytest.raises(UsageError) as err:
         restore.restore_run(engine, UUID(plan["run_id"]))
     assert str(applied) in str(err.value), str(err.value)
+
+
+def test_a_pending_request_for_another_memory_of_the_user_does_not_hold_a_restore(engine, settings):
+    """Just inside: a pending request naming one memory holds that memory only; the user's
+    other retired rows are restored."""
+    m = add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
+    other = add(engine, "u1", "Likes jazz")
+    report = run(engine, settings, jobs=["ttl_expiry"])
+    with transaction(engine) as conn:
+        erasure.file_request(conn, memory_id=other)
+    result = restore.restore_run(engine, UUID(report["run_id"]), now=NOW + timedelta(hours=1))
+    assert (status(engine, m), result.not_restorable) == ("active", [])
