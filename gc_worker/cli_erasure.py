@@ -69,10 +69,11 @@ def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
     )
     what = f"user {request.user_id}" if request.kind == "user" else f"memory {request.memory_id}"
     if request.status == "completed" and request.created:  # no rows left: traces scrubbed
+        gone = "no memories left" if request.kind == "user" else "no memories of its user left"
         print(
-            f"erasure request {request.id} for {what}: no memories left; what the worker "
-            f"kept about them was removed at once. `memory-gc verify-erasure "
-            f"{_verify_arg(request)}` checks for residues"
+            f"erasure request {request.id} for {what}: {gone}; what the worker kept about "
+            f"them was removed at once. `memory-gc verify-erasure {_verify_arg(request)}` "
+            "checks for residues"
         )
         return 0
     if request.status == "completed":

@@ -1,8 +1,9 @@
 """Erasure requests and what an applied erasure does besides changing status (jobs.erasure).
 
-- ``file_request``: record a forget-user / forget-memory request (validated: an unknown user or
-  memory raises NotFoundError and changes nothing; a pending request for the same target is
-  returned as is, ``purge_now`` is only ever raised).
+- ``file_request``: record a forget-user / forget-memory request (validated: a user or memory
+  neither the store nor the worker's tables know raises NotFoundError and changes nothing; a
+  memory the application deleted is asked about for the user the worker's audit names; a
+  pending request for the same target is returned as is, ``purge_now`` is only ever raised).
 - ``finish_batch`` (the job's ``after_apply``, in the batch's transaction, never on a dry run):
   reactivate the rows erased derived records had absorbed, write tombstones (ids and content
   hashes), scrub the worker's tables of the erased memories, complete the requests whose targets
@@ -79,9 +80,7 @@ def file_request(
     if memory_id is not None:
         owner = conn.execute(q("erasure_memory_owner"), {"memory_id": memory_id}).first()
         if owner is None:
-            return _already_erased(
-                conn, None, memory_id, f"no memory with id {memory_id}; nothing was changed"
-            )
+            return _forget_gone_memory(conn, memory_id, purge_now, requested_by)
         kind, user_id = "memory", owner.user_id
     else:
         known = conn.execute(q("known_users"), {"users": [user_id]}).first()
@@ -93,7 +92,7 @@ def file_request(
             known = conn.execute(q("known_users"), {"users": [user_id]}).first()
         traces = {"user_id": user_id, "keep_details": list(KEEP_DETAILS)}
         if known is None and conn.execute(q("erasure_user_traces"), traces).scalar():
-            return _forget_traces(conn, user_id, purge_now, requested_by)
+            return _forget_traces(conn, "user", user_id, None, purge_now, requested_by)
         if known is None:
             return _already_erased(
                 conn, user_id, None,
@@ -106,13 +105,43 @@ def file_request(
     return FiledRequest(**row)
 
 
+def _forget_gone_memory(
+    conn: Connection, memory_id: UUID, purge_now: bool, requested_by: str
+) -> FiledRequest:
+    """A memory no longer in the store. If a completed request erased it, asking again is
+    answered with that request. If the application deleted it itself, the worker's audit may
+    still hold its text, and a record the worker made from it may still be active. The audit
+    names its user: the request is filed for that user and carried out like any other (the
+    batch finds what was made from it in the audit). If that user has no memory rows left, no
+    batch would visit them: the worker's tables are scrubbed of the memory and the request is
+    completed here, at once. A memory the worker never saw raises NotFoundError."""
+    done = conn.execute(q("erasure_completed_for"), {"user_id": None, "memory_id": memory_id})
+    if (row := done.mappings().first()) is not None:
+        return FiledRequest(**row, created=False)
+    user_id = conn.execute(q("erasure_audited_owner"), {"memory_id": memory_id}).scalar()
+    if user_id is None:
+        raise NotFoundError(f"no memory with id {memory_id}; nothing was changed")
+    conn.execute(q("lock_user_xact"), {"user_id": user_id})  # as for forget-user, below
+    if conn.execute(q("known_users"), {"users": [user_id]}).first() is None:
+        return _forget_traces(conn, "memory", user_id, memory_id, purge_now, requested_by)
+    params = {"kind": "memory", "user_id": user_id, "memory_id": memory_id,
+              "purge_now": purge_now, "requested_by": requested_by}  # fmt: skip
+    return FiledRequest(**conn.execute(q("erasure_file_request"), params).mappings().one())
+
+
 def _forget_traces(
-    conn: Connection, user_id: str, purge_now: bool, requested_by: str
+    conn: Connection,
+    kind: str,
+    user_id: str,
+    memory_id: UUID | None,
+    purge_now: bool,
+    requested_by: str,
 ) -> FiledRequest:
     """A user with no memory rows left (the application deleted them) whom the worker's tables
     still know (audit previews, plans, cached decisions, reviews): no run would ever visit them,
-    so the request is filed, the tables scrubbed and the request completed here, at once."""
-    params = {"kind": "user", "user_id": user_id, "memory_id": None,
+    so the request (for the user, or one of their memories) is filed, the tables scrubbed and
+    the request completed here, at once."""
+    params = {"kind": kind, "user_id": user_id, "memory_id": memory_id,
               "purge_now": purge_now, "requested_by": requested_by}  # fmt: skip
     filed = conn.execute(q("erasure_file_request"), params).mappings().one()
     done = _scrub_and_complete(conn, filed, now=datetime.now(UTC), run_id=None)

@@ -243,6 +243,30 @@ LIMIT 1
 -- The owner and state of one memory.
 SELECT user_id, status, status_reason FROM memories WHERE id = :memory_id
 
+-- erasure_audited_owner --
+-- The user of a memory no longer stored, from the worker's own tables: an audit or plan row
+-- about it (the row an action changed, a source of a record the worker made, a member of a
+-- deferred group), else a review item or a cached decision naming it. The latest audit row
+-- wins: a row the application moved to another user is asked about for the user who held it
+-- last. NULL: the worker never saw the id.
+SELECT user_id FROM (
+    SELECT 1 AS tier, a.id AS seq, a.user_id FROM gc_actions a WHERE a.memory_id = :memory_id
+    UNION ALL
+    SELECT 1, a.id, a.user_id FROM gc_actions a
+    WHERE a.action = 'create_merged' AND a.details -> 'sources' ? CAST(:memory_id AS text)
+    UNION ALL  -- gc_actions_group_members_idx (migration 0007)
+    SELECT 1, a.id, a.user_id FROM gc_actions a
+    WHERE a.memory_id IS NULL AND a.content_preview IS NOT NULL
+      AND a.details -> 'memory_ids' ? CAST(:memory_id AS text)
+    UNION ALL
+    SELECT 2, r.id, r.user_id FROM gc_review_items r
+    WHERE r.memory_ids @> ARRAY[CAST(:memory_id AS uuid)]
+    UNION ALL
+    SELECT 3, 0, c.user_id FROM gc_llm_cache c WHERE c.memory_ids @> ARRAY[CAST(:memory_id AS uuid)]
+) named
+ORDER BY tier, seq DESC
+LIMIT 1
+
 -- erasure_get_request --
 -- One erasure request.
 SELECT * FROM gc_erasure_requests WHERE id = :id

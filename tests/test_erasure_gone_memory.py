@@ -1,0 +1,98 @@
+"""`forget MEMORY_ID` for a memory the application already deleted itself. The worker's audit
+may still hold its text (a plan's preview), and a merged record made from it may still be
+active. It used to refuse with "no memory with id". Now the user is found in the audit. The
+request is filed for that user and carried out like any other. For a user with no rows left,
+what the worker kept is scrubbed at once, as `forget-user` does."""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+import pytest
+import sqlalchemy as sa
+
+from gc_worker import erasure
+from gc_worker.cli import main
+from gc_worker.errors import NotFoundError
+from gc_worker.verify_erasure import verify
+from tests.store import NOW, add, get, run
+from tests.test_erasure_helpers import full_text_scan, merge, requests
+from tests.test_erasure_residue_review import DAY, LATER, erased, merged_fact
+
+
+def app_deletes(engine: sa.Engine, where: str, **params) -> None:
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM memories WHERE {where}"), params)
+
+
+def test_forgetting_a_deleted_source_erases_the_record_made_from_it(engine, settings, cli_env):
+    """A and B were merged into M. The application deletes A, and then the user asks to forget
+    A. M still holds A's fact. The request is filed for A's user, and the next run erases M as
+    derived from A."""
+    a, m = merged_fact(engine)
+    app_deletes(engine, "id = :id", id=a)
+    assert main(["forget", str(a), "--now", LATER.isoformat()]) == 0
+    (filed,) = requests(engine)
+    assert (filed["kind"], filed["user_id"], filed["memory_id"]) == ("memory", "u1", a)
+    assert filed["status"] == "pending"
+    run(engine, settings, now=LATER)
+    assert requests(engine)[0]["status"] == "completed" and erased(engine, m)
+    run(engine, settings, now=LATER + 2 * DAY)
+    assert get(engine, m) is None
+    assert verify(engine, now=LATER + 2 * DAY, memory_id=a).residues == []
+
+
+def test_purge_now_for_a_deleted_memory_runs_at_once(engine, settings):
+    """With --purge-now the derived record is erased and purged in the same command."""
+    a, m = merged_fact(engine)
+    app_deletes(engine, "id = :id", id=a)
+    request, run_id = erasure.forget(engine, settings, now=LATER, memory_id=a, purge_now=True)
+    assert request.user_id == "u1" and run_id is not None
+    assert requests(engine)[0]["status"] == "completed"
+    assert get(engine, m) is None
+
+
+def test_a_deleted_memory_of_a_user_without_rows_is_scrubbed_at_once(
+    engine, settings, cli_env, capsys
+):
+    """A stored plan keeps the previews of two parrot memories. The application deletes every
+    row of the user and then asks to forget one of the memories. No batch would visit the user,
+    so the worker scrubs what it kept about the memory and completes the request at once."""
+    from tests.fake_model import FakeModel, fake_port
+    from tests.test_compaction import E0, at_similarity
+
+    parrot = add(engine, "u1", "Keeps a parrot named Quokkaberry", embedding=E0)
+    add(engine, "u1", "Has a pet parrot called Quokkaberry", embedding=at_similarity(0.95))
+    with fake_port(engine, settings, FakeModel("good")) as llm:
+        run(engine, settings, dry_run=True, llm=llm)
+    app_deletes(engine, "user_id = 'u1'")
+    assert full_text_scan(engine, ["keeps a parrot"])
+    assert main(["forget", str(parrot)]) == 0
+    assert "no memories of its user left" in capsys.readouterr().out
+    (done,) = requests(engine)
+    assert (done["kind"], done["memory_id"], done["status"]) == ("memory", parrot, "completed")
+    assert full_text_scan(engine, ["keeps a parrot"]) == []
+    assert verify(engine, now=NOW, memory_id=parrot).residues == []
+
+
+def test_the_latest_owner_in_the_audit_is_the_one_asked_about(engine):
+    """The application moved a row to another user before deleting it: the request is filed
+    for the user who held it last, never for both."""
+    a = add(engine, "u1", "Plays the oboe")
+    b = add(engine, "u1", "Plays an oboe")
+    merge(engine, "u1", [a, b], "Plays the oboe", [1.0] + [0.0] * 7)
+    add(engine, "u2", "Collects stamps")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE memories SET user_id = 'u2' WHERE id = :id"), {"id": b})
+    merge(engine, "u2", [b], "Plays an oboe (moved)", [0.0, 1.0] + [0.0] * 6)
+    app_deletes(engine, "id = :id", id=b)
+    with engine.begin() as conn:
+        filed = erasure.file_request(conn, memory_id=b)
+    assert (filed.kind, filed.user_id, filed.status) == ("memory", "u2", "pending")
+
+
+def test_an_id_the_worker_never_saw_is_still_refused(engine):
+    add(engine, "u1", "Likes jazz")
+    with engine.begin() as conn, pytest.raises(NotFoundError, match="no memory with id"):
+        erasure.file_request(conn, memory_id=uuid4())
+    assert requests(engine) == []
