@@ -12,6 +12,7 @@ same content and updated_at) and every source will be active again. The undo is 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -135,11 +136,13 @@ MODEL_MERGE, MODEL_VERDICT = "near_duplicates", "similar"
 
 
 def _record_dismissals(conn: Connection, restore_run: UUID, undid: UUID, done: list[Any]) -> None:
-    """A model's merge (its sources) or contradiction verdict (the pair) that a person undid
-    is recorded as a dismissed review, which compaction and contradiction honour as they
-    honour `resolve --dismiss`: the next run would otherwise make the same change again (the
-    model's verdict is cached). A rule — exact duplicates, a slot, a declared `supersedes`, a
-    TTL, decay, disuse, the cap — applies again: change the setting or the row first."""
+    """A model's merge (its sources), contradiction verdict (the pair) or importance scores
+    (the rows, one item per user) that a person undid are recorded as a dismissed review,
+    which the jobs honour as they honour `resolve --dismiss`: the next run would otherwise
+    make the same change again (the model's verdict is cached; a restored score leaves the row
+    unassessed, so it is asked about again). A rule — exact duplicates, a slot, a declared
+    `supersedes`, a TTL, decay, disuse, the cap — applies again: change the setting or the
+    row first."""
     items = [
         {"user_id": r.user_id, "kind": "compaction",
          "memory_ids": [str(s) for s in _details(r).get("sources") or []]}
@@ -153,6 +156,12 @@ def _record_dismissals(conn: Connection, restore_run: UUID, undid: UUID, done: l
         and _details(r).get("basis") == MODEL_VERDICT and _details(r).get("superseded_by")
     ]  # fmt: skip
     items = [item for item in items if len(item["memory_ids"]) >= 2]
+    scored: dict[str, list[str]] = defaultdict(list)
+    for r in done:
+        if r.job == "importance" and r.action == Kind.SET_IMPORTANCE:
+            scored[r.user_id].append(str(r.memory_id))
+    items += [{"user_id": user, "kind": "importance", "memory_ids": ids}
+              for user, ids in scored.items()]  # fmt: skip
     if items:
         conn.execute(
             q("insert_restore_dismissals"),

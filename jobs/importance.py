@@ -4,9 +4,11 @@ Options (``[importance]``):
     batch_size = 20    memories per LLM call (one user per call, never two)
 
 Candidates: active, unpinned rows with ``importance_assessed_at`` null — rows the application
-(or an earlier run) assessed are never re-scored. Per user, oldest first, in batches of
-``batch_size``; each batch is one ``score_importance`` call, validated whole by the LLM port (a
-missing, duplicated or out-of-range index, or a score outside 1..5, rejects the whole answer).
+(or an earlier run) assessed are never re-scored, nor rows whose score a restore undid (a
+dismissed ``importance`` review names them: a person overruled the model). Per user, oldest
+first, in batches of ``batch_size``; each batch is one ``score_importance`` call, validated
+whole by the LLM port (a missing, duplicated or out-of-range index, or a score outside 1..5,
+rejects the whole answer).
 
 Emits ``set_importance`` (details: ``importance`` = new score, ``previous`` = old one; the
 executor writes ``importance`` and ``importance_assessed_at``; restore puts both back), also when

@@ -13,6 +13,7 @@ from uuid import UUID, uuid4
 
 import httpx2
 import pytest
+import sqlalchemy as sa
 
 from gc_worker import engine as gc_engine
 from gc_worker.config import Runtime, Settings
@@ -20,7 +21,7 @@ from gc_worker.llm import LLMPort
 from gc_worker.llm_store import open_run_llm
 from gc_worker.render import render_markdown
 from gc_worker.report import build_report
-from gc_worker.restore import restore_run
+from gc_worker.restore import restore_memory, restore_run
 from jobs.importance import scoring_batches
 from tests.store import NOW, add, days_ago, get, run, snapshot, status
 from tests.test_llm_port import FakeServer, Reply, chat_reply, data_block, error_reply
@@ -160,6 +161,54 @@ class TestScoring:
         result = restore_run(engine, UUID(report["run_id"]))
         assert sorted(map(str, result.restored)) == sorted(map(str, ids.values()))
         assert snapshot(engine) == before
+
+    def test_a_restored_score_is_not_made_again(self, engine, settings, make_llm) -> None:
+        """A restore of the model's scores is a person overruling the model: the next run
+        asked again (or answered from the decision cache) and wrote the same scores, so the
+        undo lasted one night. A restore records a dismissed review naming the rows it put
+        back, and the job leaves them alone; a row no restore touched is still asked."""
+        ids = seed_three(engine)
+        lisbon = "Starts a new job in Lisbon in March."
+        scored = scored_by_content({**SCORES, lisbon: 4})
+        llm, server = make_llm(scored, scored)
+        run(engine, settings, jobs=["importance"], llm=llm)
+        for memory_id in (ids[GOAL], ids[LUNCH]):
+            restore_memory(engine, memory_id)
+        before = snapshot(engine)
+        newer = add(engine, "u1", lisbon, created_at=days_ago(0))
+        again = run(engine, settings, jobs=["importance"], llm=llm, now=NOW + timedelta(days=1))
+        assert {a["memory_id"] for a in again["actions"]} == {str(newer)}
+        assert len(server.requests) == 2 and sent_contents(server, 1) == [lisbon]
+        after = {k: v for k, v in snapshot(engine).items() if k != newer}
+        assert after == before
+        with engine.connect() as conn:
+            vetoes = conn.execute(sa.text(
+                "SELECT kind, reason, status, resolution ->> 'decision' AS d, memory_ids"
+                " FROM gc_review_items ORDER BY id"
+            )).all()  # fmt: skip
+        assert {(v.kind, v.reason, v.status, v.d) for v in vetoes} == {
+            ("importance", "restored", "resolved", "dismiss")}  # fmt: skip
+        assert [v.memory_ids for v in vetoes] == [[ids[GOAL]], [ids[LUNCH]]]
+
+    def test_forgetting_one_restored_row_keeps_the_others_unscored(
+        self, engine, settings, make_llm
+    ) -> None:
+        """Restored scores of two rows are one dismissal. Forgetting one row takes its id out
+        (it would be a residue of the erasure); the other row is still never asked about."""
+        from gc_worker import erasure
+        from gc_worker.verify_erasure import verify
+
+        ids = seed_three(engine)
+        llm, server = make_llm(scored_by_content(SCORES))
+        report = run(engine, settings, jobs=["importance"], llm=llm)
+        restore_run(engine, UUID(report["run_id"]))
+        erasure.forget(engine, settings, now=NOW, memory_id=ids[LUNCH], purge_now=True)
+        with engine.connect() as conn:
+            kept = conn.execute(sa.text("SELECT memory_ids FROM gc_review_items")).scalars().all()
+        assert [sorted(k) for k in kept] == [sorted([ids[GOAL], ids[CAT]])]
+        assert verify(engine, now=NOW, memory_id=ids[LUNCH]).residues == []
+        again = run(engine, settings, jobs=["importance"], llm=llm, now=NOW + timedelta(days=1))
+        assert again["actions"] == [] and len(server.requests) == 1
 
 
 def scores(*pairs: tuple[int, int]) -> dict[str, Any]:

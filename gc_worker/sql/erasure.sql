@@ -133,15 +133,17 @@ WHERE c.user_id = ANY(:hash_owners)
 RETURNING key
 
 -- erasure_trim_dismissals --
--- A merge a restore undid keeps its other members apart: the erased ids leave the set, which
--- stays while two or more remain (erasure_drop_reviews drops the others).
+-- A merge a restore undid keeps its other members apart, and restored scores keep the other
+-- rows unscored: the erased ids leave the set, which stays while two or more remain (one, for
+-- scores; erasure_drop_reviews drops the others).
 UPDATE gc_review_items
 SET memory_ids = ARRAY(SELECT unnest(memory_ids) EXCEPT SELECT unnest(CAST(:ids AS uuid[])))
 WHERE user_id = ANY(:owners) AND NOT user_id = ANY(:whole_users)
-  AND kind = 'compaction' AND status = 'resolved' AND reason = 'restored'
+  AND kind IN ('compaction', 'importance') AND status = 'resolved' AND reason = 'restored'
   AND memory_ids && CAST(:ids AS uuid[])
   AND cardinality(ARRAY(SELECT unnest(memory_ids)
-                        EXCEPT SELECT unnest(CAST(:ids AS uuid[])))) >= 2
+                        EXCEPT SELECT unnest(CAST(:ids AS uuid[]))))
+      >= CASE kind WHEN 'importance' THEN 1 ELSE 2 END
 RETURNING id
 
 -- erasure_drop_reviews --
