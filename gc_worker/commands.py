@@ -248,9 +248,18 @@ def cmd_restore(args: argparse.Namespace, ctx: Context) -> int:
     gone = [f"{n} {what}" for n, what in ((result.purged, "purged by the run"),
                                           (result.erased, "erased by the run")) if n]  # fmt: skip
     print(f"restore run {result.run_id}: {len(result.restored)} restored, "
-          f"{len(result.not_restorable)} not restorable (changed since, or purged since)"
+          f"{len(result.not_restorable)} not restorable"
           + (f"; cannot be brought back: {', '.join(gone)}" if gone else ""))  # fmt: skip
+    kept = list(result.why_not.items())
+    for memory_id, why in kept[:SHOWN_KEPT]:
+        print(f"  {memory_id}  {why}")
+    if kept:
+        more = f"{len(kept) - SHOWN_KEPT:,} more and " if len(kept) > SHOWN_KEPT else ""
+        print(f"  ({more}why: `memory-gc report {result.run_id}`, section Not restorable)")
     return 0
+
+
+SHOWN_KEPT = 20  # rows a restore could not undo, listed on the terminal (the report has all)
 
 
 def cmd_runs(args: argparse.Namespace, ctx: Context) -> int:

@@ -35,6 +35,7 @@ TOP_USERS = 50
 DEFERRED_GROUPS = 20
 PREVIEW_CHARS = 120
 NOTHING_TO_DO = "Nothing to do — no memory needed a change."
+NOTHING_RESTORED = "Nothing restored — {n:,} change(s) could not be undone (not restorable, below)."
 ALL_DRIFTED = (
     "Nothing applied — {n:,} planned change(s) skipped: the application changed those rows "
     "since they were planned (drifted, below)."
@@ -228,7 +229,20 @@ def _drifted_rows(report: Report) -> tuple[Rows, int]:
 def _empty_totals(report: Report) -> str:
     """What the totals say when nothing was applied (or planned)."""
     drifted = len(report.get("drifted") or [])
+    if drifted and _is_restore(report):
+        return NOTHING_RESTORED.format(n=drifted)
     return ALL_DRIFTED.format(n=drifted) if drifted else NOTHING_TO_DO
+
+
+def _is_restore(report: Report) -> bool:
+    return report.get("kind") == "restore" or report.get("mode") == "restore"  # older reports
+
+
+def drifted_heading(report: Report) -> tuple[str, str]:
+    """The drifted section's title and subtitle: a restore's are the changes it kept."""
+    if _is_restore(report):
+        return "Not restorable", "kept: the reason says why"
+    return "Drifted", "skipped: changed since the plan"
 
 
 def _deferred_rows(report: Report) -> tuple[Rows, int]:
@@ -319,8 +333,9 @@ def render_markdown(report: Report) -> str:
         blocks += _md_details(report)
     drifted, more_drifted = _drifted_rows(report)
     if drifted:
+        title, subtitle = drifted_heading(report)
         blocks += [
-            "## Drifted (skipped: changed since the plan)",
+            f"## {title} ({subtitle})",
             _md_table(DRIFTED_HEADERS, drifted),
             _more_note(more_drifted, "drifted"),
         ]
@@ -397,7 +412,7 @@ def banner(report: Report) -> tuple[str, str, str]:
                 "(`memory-gc run --dry-run`)."
             )  # fmt: skip
         return "dry", nothing, f"To apply exactly this plan, run `memory-gc apply {run_id}`"
-    if report.get("kind") == "restore" or report.get("mode") == "restore":  # older reports
+    if _is_restore(report):
         return "applied", "Restore run.", "It put back what is listed; it cannot itself be undone."
     if report.get("trigger") == "erasure":
         if status == "completed":

@@ -27,6 +27,7 @@ from gc_worker.render import (
     _total_rows,
     _user_rows,
     banner,
+    drifted_heading,
 )
 
 
@@ -53,8 +54,9 @@ def render_html(report: Report) -> str:
         body += _h_details(report)
     drifted, more_drifted = _drifted_rows(report)
     if drifted:
+        title, subtitle = drifted_heading(report)
         body += [
-            "<h2>Drifted <small>skipped: changed since the plan</small></h2>",
+            f"<h2>{_e(title)} <small>{_e(subtitle)}</small></h2>",
             _h_table(DRIFTED_HEADERS, drifted),
             _h_note(_more_note(more_drifted, "drifted")),
         ]

@@ -35,6 +35,7 @@ class RestoreResult:
     run_id: UUID
     restored: list[UUID] = field(default_factory=list)
     not_restorable: list[UUID] = field(default_factory=list)
+    why_not: dict[UUID, str] = field(default_factory=dict)  # _why_left
     purged: int = 0  # rows the restored run physically deleted: gone for good
     erased: int = 0  # rows it erased ("forget me"): never undone
 
@@ -113,7 +114,7 @@ def _restore(
     retired = [r for r in rows if Kind(r.action) in TARGET_STATUS]
     in_place = _still_in_place(conn, retired)
     created = [r for r in rows if r.action == Kind.CREATE_MERGED]
-    retire = _created_to_retire(conn, created, in_place)
+    retire, unchanged = _created_to_retire(conn, created, in_place)
     kept = {_details(r).get("group") for r in created if r.memory_id not in retire} - {None}
     back = [r for r in retired if r.memory_id in in_place and _details(r).get("group") not in kept]
     scored = [r for r in rows if r.action == Kind.SET_IMPORTANCE]
@@ -123,12 +124,35 @@ def _restore(
         | _actions_of(created, _retire_created(conn, sorted(retire, key=str), now))
     )
     done = [r for r in rows if r.action_id in undone]
+    left = [r for r in rows if r.action_id not in undone]
     conn.execute(q("mark_restored"), {"ids": [r.action_id for r in done]})
-    result = RestoreResult(run_id=_record_restore_run(conn, run_id, done, now))
+    why = _why_left(conn, left, in_place | unchanged)
+    result = RestoreResult(run_id=_record_restore_run(conn, run_id, done, left, why, now))
     _record_dismissals(conn, result.run_id, run_id, done)
     result.restored = [r.memory_id for r in done]
-    result.not_restorable = [r.memory_id for r in rows if r.action_id not in undone]
+    result.not_restorable = [r.memory_id for r in left]
+    result.why_not = {r.memory_id: why[r.action_id] for r in left}
     return result
+
+
+def _why_left(conn: Connection, left: list[Any], untouched: set[UUID]) -> dict[Any, str]:
+    """Per action a restore could not undo, why (the restore run's report names each): the row
+    is no longer stored, is another user's now, was erased, a pending erasure request names it
+    (or its user), the application (or a later run) changed it since; or, for a row still as
+    the run left it (``untouched``: in place, or a created record unchanged), its merge is kept
+    whole because another row of it changed."""
+    if not left:
+        return {}
+    params = {"ids": [r.memory_id for r in left], "users": [r.user_id for r in left]}
+    state = {row.id: row.why for row in conn.execute(q("restore_left_state"), params)}
+    return {
+        r.action_id: (
+            "merge_kept"
+            if state.get(r.memory_id) == "changed_since" and r.memory_id in untouched
+            else state.get(r.memory_id, "changed_since")
+        )
+        for r in left
+    }
 
 
 # what a model decided: a near-duplicate merge, a contradiction judged on a similar pair
@@ -222,8 +246,11 @@ def _restore_importance(conn: Connection, rows: list[Any]) -> set[UUID]:
     return set(conn.execute(q("restore_importance"), params).scalars())
 
 
-def _created_to_retire(conn: Connection, rows: list[Any], in_place: set[UUID]) -> set[UUID]:
-    """The created records (merges, summaries) a restore takes off the read path: those still
+def _created_to_retire(
+    conn: Connection, rows: list[Any], in_place: set[UUID]
+) -> tuple[set[UUID], set[UUID]]:
+    """The created records (merges, summaries) a restore takes off the read path, and those
+    still as the run made them (the second set). Taken off: those still
     as the run made them (``created_unchanged``) whose every source is active again once the
     rows ``in_place`` are back. The others stay, and with them their group (the merged or
     folded sources stay retired into them): a record the application edited (its content,
@@ -232,7 +259,7 @@ def _created_to_retire(conn: Connection, rows: list[Any], in_place: set[UUID]) -
     that source said; bringing the rest back next to it would put the same facts on the read
     path twice."""
     if not rows:
-        return set()
+        return set(), set()
     params = {
         "ids": [r.memory_id for r in rows],
         "users": [r.user_id for r in rows],
@@ -244,11 +271,12 @@ def _created_to_retire(conn: Connection, rows: list[Any], in_place: set[UUID]) -
     sources = {r.memory_id: [UUID(str(s)) for s in _details(r).get("sources") or []] for r in rows}
     wanted = [s for ids in sources.values() for s in ids]
     active = set(conn.execute(q("active_among"), {"ids": wanted}).scalars()) if wanted else set()
-    return {
+    retire = {
         m
         for m, srcs in sources.items()
         if m in unchanged and srcs and all(s in active or s in in_place for s in srcs)
     }
+    return retire, unchanged
 
 
 def _made(row: Any) -> dict[str, Any]:
@@ -268,7 +296,16 @@ def _retire_created(conn: Connection, ids: list[UUID], now: datetime) -> set[UUI
     return set(conn.execute(q("retire_created"), {"ids": ids, "now": now}).scalars())
 
 
-def _record_restore_run(conn: Connection, source_run: UUID, rows: list[Any], now: datetime) -> UUID:
+def _record_restore_run(
+    conn: Connection,
+    source_run: UUID,
+    rows: list[Any],
+    left: list[Any],
+    why: dict[Any, str],
+    now: datetime,
+) -> UUID:
+    """The restore as a run: an applied ``restore`` action per change undone, and a drifted
+    one per change it could not undo, its reason saying why (``_why_left``)."""
     run_id = uuid4()
     conn.execute(
         q("insert_run"),
@@ -281,5 +318,11 @@ def _record_restore_run(conn: Connection, source_run: UUID, rows: list[Any], now
         for r in rows
     ]  # fmt: skip
     audit.record(conn, run_id, 0, actions, outcome="applied")
+    kept = [
+        Action(job=r.job, action=Kind.RESTORE, user_id=r.user_id, reason=why[r.action_id],
+               memory_id=r.memory_id, details={"undid": r.action, "run": str(source_run)})
+        for r in left
+    ]  # fmt: skip
+    audit.record(conn, run_id, 0, kept, outcome="drifted", seq_start=len(actions))
     conn.execute(q("complete_restore_run"), {"run_id": run_id})
     return run_id

@@ -143,3 +143,21 @@ RETURNING m.id
 -- mark_restored --
 -- Mark audit rows whose change was undone.
 UPDATE gc_actions SET outcome = 'restored' WHERE id = ANY(:ids)
+
+-- restore_left_state --
+-- Why a restore could not undo a change, per row (of the run's user): no longer stored, moved
+-- to another user, erased, named by a pending erasure request (of its user, or of the memory),
+-- else changed since (gc_worker.restore._why_left refines that for a merge kept whole).
+SELECT s.id,
+       CASE WHEN m.id IS NULL THEN 'no_longer_stored'
+            WHEN m.user_id <> s.user_id THEN 'moved_to_another_user'
+            WHEN m.status = 'deleted' AND m.status_reason IN ('erasure', 'erasure_tombstone')
+                THEN 'erased'
+            WHEN EXISTS (SELECT 1 FROM gc_erasure_requests r
+                         WHERE r.status = 'pending' AND r.user_id = s.user_id
+                           AND (r.kind = 'user' OR r.memory_id = s.id))
+                THEN 'erasure_pending'
+            ELSE 'changed_since'
+       END AS why
+FROM unnest(CAST(:ids AS uuid[]), CAST(:users AS text[])) AS s(id, user_id)
+LEFT JOIN memories m ON m.id = s.id
