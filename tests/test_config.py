@@ -82,6 +82,8 @@ class TestErrors:
             ({"MEMORY_GC_RUN__BATCH_USERS": "0"}, "(allowed: int >= 1 and <= 100000)"),
             ({"MEMORY_GC_SCHEDULE__CRON": "61 3 * * *"}, "not a valid cron line"),
             ({"MEMORY_GC_SCHEDULE__CRON": "0 3 * *"}, "five fields"),
+            ({"MEMORY_GC_SCHEDULE__CRON": "0 3 30 2 *"}, "never fires"),
+            ({"MEMORY_GC_SCHEDULE__CRON": "0 3 31 4,6,9,11 *"}, "never fires"),
             ({"MEMORY_GC_SCHEDULE__TIMEZONE": "Mars/Olympus"}, "no such IANA time zone"),
             ({"MEMORY_GC_USER_CAP__OVERFLOW": "squash"}, "'evict' or 'summarize'"),
             ({"MEMORY_GC_RUN__BATCH_USERS": "many"}, "valid integer"),
@@ -95,6 +97,12 @@ class TestErrors:
         (name,) = env
         assert fragment in str(info.value)
         assert name in str(info.value) or "importance_multipliers" in str(info.value)
+
+    @pytest.mark.parametrize("cron", ["0 3 29 2 *", "0 3 30 2 1", "0 3 31 * *"])
+    def test_a_cron_that_fires_rarely_is_kept(self, cron):
+        """A leap day, a day that does not exist but with a weekday (crontab fires on either),
+        the 31st: each fires some day, so each loads."""
+        assert load_settings(env={"MEMORY_GC_SCHEDULE__CRON": cron}).schedule.cron == cron
 
     @pytest.mark.parametrize(
         ("name", "value"),
