@@ -213,6 +213,8 @@ def _still_in_place(conn: Connection, rows: list[Any]) -> set[UUID]:
         "set_superseded": [_details(r).get("superseded_by") for r in rows],
         "priors": [json.dumps(r.prior) for r in rows],
         "users": [r.user_id for r in rows],
+        "action_ids": [r.action_id for r in rows],
+        "run_id": rows[0].run_id,
         "run_now": rows[0].run_now,
     }
     return set(conn.execute(q("restore_in_place"), params).scalars())
@@ -241,6 +243,8 @@ def _restore_importance(conn: Connection, rows: list[Any]) -> set[UUID]:
         "ids": [r.memory_id for r in rows],
         "expect": [int(r.details["importance"]) for r in rows],
         "priors": [json.dumps(r.prior) for r in rows],
+        "action_ids": [r.action_id for r in rows],
+        "run_id": rows[0].run_id,
         "run_now": rows[0].run_now,
     }
     return set(conn.execute(q("restore_importance"), params).scalars())

@@ -190,6 +190,24 @@ class TestScoring:
             ("importance", "restored", "resolved", "dismiss")}  # fmt: skip
         assert [v.memory_ids for v in vetoes] == [[ids[GOAL]], [ids[LUNCH]]]
 
+    def test_restoring_a_run_keeps_a_later_same_clock_score(self, engine, settings, make_llm):
+        """The application reset a scored row and a second run with the same `--now` scored it
+        again (the same score, the same instant). Restoring the first run left that score in
+        place; the second run's restore puts the application's reset back."""
+        goal = add(engine, "u1", GOAL)
+        llm, _ = make_llm(scored_by_content(SCORES), scored_by_content(SCORES))
+        first = run(engine, settings, jobs=["importance"], llm=llm)
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE memories SET importance = 2, importance_assessed_at"
+                                 " = NULL WHERE id = :id"), {"id": goal})  # fmt: skip
+        second = run(engine, settings, jobs=["importance"], llm=llm)
+        assert get(engine, goal)["importance"] == 5
+        kept = restore_run(engine, UUID(first["run_id"]))
+        assert kept.restored == [] and get(engine, goal)["importance"] == 5
+        restore_run(engine, UUID(second["run_id"]))
+        assert (get(engine, goal)["importance"], get(engine, goal)["importance_assessed_at"]) == (
+            2, None)  # fmt: skip
+
     def test_forgetting_one_restored_row_keeps_the_others_unscored(
         self, engine, settings, make_llm
     ) -> None:

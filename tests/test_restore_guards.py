@@ -93,3 +93,24 @@ def test_a_pending_request_for_another_memory_of_the_user_does_not_hold_a_restor
         erasure.file_request(conn, memory_id=other)
     result = restore.restore_run(engine, UUID(report["run_id"]), now=NOW + timedelta(hours=1))
     assert (status(engine, m), result.not_restorable) == ("active", [])
+
+
+def test_restoring_a_run_does_not_undo_a_later_run_with_the_same_clock(engine, settings):
+    """Two runs with the same `--now` retire the same row the same way (the application put it
+    back in between). The row looked in place for the first run's restore — same status,
+    reason and instant — which then undid the second run's change with the first's prior
+    fields, leaving the second run's action behind as if still applied. Only the second run's
+    restore undoes it: it puts back what the application had written."""
+    m = add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
+    first = run(engine, settings, jobs=["ttl_expiry"])
+    execute(engine, "UPDATE memories SET status = 'active', status_reason = 'app_reopened',"
+                    " deleted_at = NULL WHERE id = :id", id=m)  # fmt: skip
+    second = run(engine, settings, jobs=["ttl_expiry"])
+    assert second["totals"]["by_action"] == {"soft_delete": 1}
+    kept = restore.restore_run(engine, UUID(first["run_id"]), now=NOW + timedelta(hours=1))
+    assert (kept.restored, kept.why_not) == ([], {m: "changed_since"})
+    assert status(engine, m) == "deleted"
+    back = restore.restore_run(engine, UUID(second["run_id"]), now=NOW + timedelta(hours=2))
+    assert back.restored == [m]
+    row = execute(engine, "SELECT status, status_reason FROM memories WHERE id = :id", id=m).one()
+    assert tuple(row) == ("active", "app_reopened")

@@ -49,14 +49,17 @@ WHERE run_id = :run_id AND outcome = 'applied' AND details ->> 'group' = :grp
 -- (its own value where it wrote one, the prior one where it did not; apply_status's coalesce).
 -- A row the application changed since keeps the application's write (a user's own delete of
 -- a row the worker had retired stamps deleted_at; a row moved to another user stays retired:
--- no restore spans two users). Locked until the restore commits, so
--- nothing changes between this check and restore_status.
+-- no restore spans two users). A later run's change still applied to the row is the one in
+-- place, even where it wrote the very same fields (a run with the same `--now`): only its own
+-- restore undoes it. Locked until the restore commits, so nothing changes between this check
+-- and restore_status.
 SELECT m.id
 FROM memories m
 JOIN unnest(CAST(:ids AS uuid[]), CAST(:expect_status AS text[]), CAST(:expect_reason AS text[]),
             CAST(:closed_valid_until AS timestamptz[]), CAST(:set_superseded AS uuid[]),
-            CAST(:priors AS jsonb[]), CAST(:users AS text[]))
-     AS a(id, expect_status, expect_reason, closed_valid_until, set_superseded, prior, user_id)
+            CAST(:priors AS jsonb[]), CAST(:users AS text[]), CAST(:action_ids AS bigint[]))
+     AS a(id, expect_status, expect_reason, closed_valid_until, set_superseded, prior, user_id,
+          action_id)
   ON m.id = a.id AND m.user_id = a.user_id
 CROSS JOIN LATERAL jsonb_to_record(a.prior)
      AS p(superseded_by uuid, valid_until timestamptz, deleted_at timestamptz)
@@ -70,6 +73,9 @@ WHERE m.status = a.expect_status AND m.status_reason = a.expect_reason
       SELECT 1 FROM gc_erasure_requests r  -- not back on the read path until the request is done
       WHERE r.status = 'pending' AND r.user_id = m.user_id
         AND (r.kind = 'user' OR r.memory_id = m.id))
+  AND NOT EXISTS (SELECT 1 FROM gc_actions g
+                  WHERE g.memory_id = m.id AND g.id > a.action_id AND g.run_id <> :run_id
+                    AND g.outcome = 'applied' AND g.action IN ('soft_delete', 'obsolete', 'merge'))
 FOR UPDATE OF m
 
 -- restore_status --
@@ -87,13 +93,18 @@ WHERE m.id = a.id
 RETURNING m.id
 
 -- restore_importance --
--- Put re-assessed importance back, only where the worker's score is still in place.
+-- Put re-assessed importance back, only where the worker's score is still in place (and no
+-- later run's score, applied since, is: restore_in_place).
 UPDATE memories m
 SET importance = (a.prior ->> 'importance')::smallint,
     importance_assessed_at = (a.prior ->> 'importance_assessed_at')::timestamptz
-FROM unnest(CAST(:ids AS uuid[]), CAST(:expect AS smallint[]), CAST(:priors AS jsonb[]))
-     AS a(id, expect, prior)
+FROM unnest(CAST(:ids AS uuid[]), CAST(:expect AS smallint[]), CAST(:priors AS jsonb[]),
+            CAST(:action_ids AS bigint[]))
+     AS a(id, expect, prior, action_id)
 WHERE m.id = a.id AND m.importance = a.expect AND m.importance_assessed_at = :run_now
+  AND NOT EXISTS (SELECT 1 FROM gc_actions g
+                  WHERE g.memory_id = m.id AND g.id > a.action_id AND g.run_id <> :run_id
+                    AND g.outcome = 'applied' AND g.action = 'set_importance')
 RETURNING m.id
 
 -- active_among --
