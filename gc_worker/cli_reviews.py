@@ -2,6 +2,7 @@
 
     memory-gc reviews list [--user ID] [--status open|resolved|all] [--limit N] [--json]
     memory-gc reviews resolve ID (--keep MEMORY_ID | --obsolete MEMORY_ID | --dismiss) [--now T]
+    memory-gc reviews lift ID [--now T]
 
 Resolving prints the run that made the change; `memory-gc restore --run RUN_ID` undoes it.
 """
@@ -40,6 +41,12 @@ def register(sub: Any) -> None:
     decision.add_argument("--dismiss", action="store_true", help="change nothing, stop asking")
     resolve.add_argument("--now", help="the instant recorded for the change (ISO 8601)")
     resolve.set_defaults(handler=cmd_resolve)
+    lift = commands.add_parser(
+        "lift", help="take back a dismissal: the jobs may decide about its set again"
+    )
+    lift.add_argument("review_id", metavar="ID")
+    lift.add_argument("--now", help="the instant recorded for the lift (ISO 8601)")
+    lift.set_defaults(handler=cmd_lift)
 
 
 def cmd_list(args: argparse.Namespace, ctx: Context) -> int:
@@ -71,6 +78,16 @@ def cmd_resolve(args: argparse.Namespace, ctx: Context) -> int:
         obsoleted = ", ".join(str(m) for m in result.obsoleted)
         print(f"review {result.review_id} resolved ({result.decision}): obsolete {obsoleted}; "
               f"run {result.run_id} (undo: memory-gc restore --run {result.run_id})")  # fmt: skip
+    return 0
+
+
+def cmd_lift(args: argparse.Namespace, ctx: Context) -> int:
+    review_id = _review_id(args.review_id)  # bad input is refused before connecting
+    now = parse_now(args.now) if args.now else None
+    item = reviews.lift_dismissal(ctx.engine(), review_id, now=now)
+    members = ", ".join(str(m) for m in item.memory_ids)
+    print(f"review {item.id} ({printable(item.kind)}, user {printable(item.user_id)}): dismissal "
+          f"lifted; the next run may decide about {members} again")  # fmt: skip
     return 0
 
 

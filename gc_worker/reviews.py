@@ -8,6 +8,11 @@ than the loser, the loser is pinned, or the LLM was unsure. ``list_reviews`` rea
 - ``obsolete=M``: M becomes obsolete (superseded_by the other member, if there is one);
 - ``dismiss=True``: nothing changes, and the contradiction job leaves that set alone from now on.
 
+``lift_dismissal`` takes a dismissal back — a person's ``--dismiss``, or one a restore recorded
+(a model merge, verdict or importance score undone): the item stays, resolved, with decision
+``lifted`` (the earlier decision and the instant kept in the resolution), and the jobs may
+decide about its set again from the next run.
+
 A change is made like any other worker change: a run (mode ``apply``, trigger ``review``, job
 ``review``) whose ``obsolete`` actions go through the executor and the audit in one
 transaction with the item's closing, so ``memory-gc restore --run RUN_ID`` undoes it. An
@@ -112,6 +117,28 @@ def resolve_review(
         resolution.run_id = _apply(conn, item["user_id"], actions, now)
         resolution.obsoleted = list(losers)
         return _close(conn, item, resolution, now, memory_id=chosen)
+
+
+def lift_dismissal(engine: Engine, review_id: int, *, now: datetime | None = None) -> ReviewItem:
+    """Take back the dismissal ``review_id`` records; UsageError for an item that is not one."""
+    now = now or datetime.now(UTC)
+    check_clock(now, f"the lift's `now` ({now.isoformat()})")
+    with transaction(engine) as conn:
+        item = conn.execute(q("review_lock"), {"id": review_id}).mappings().first()
+        if item is None:
+            raise NotFoundError(f"no review item {review_id}; `memory-gc reviews list` shows them")
+        decision = (item["resolution"] or {}).get("decision")
+        if item["status"] == "open":
+            raise UsageError(f"review {review_id} is open, not dismissed: resolve it instead")
+        if decision != "dismiss":
+            run_id = (item["resolution"] or {}).get("run_id")
+            undo = f"; to undo its change: `memory-gc restore --run {run_id}`" if run_id else ""
+            raise UsageError(
+                f"review {review_id} was resolved with {decision or 'no decision'}, not "
+                f"dismissed: there is no dismissal to lift{undo}"
+            )
+        row = conn.execute(q("review_lift"), {"id": review_id, "now": now}).mappings().one()
+        return ReviewItem(**row)
 
 
 def _open_item(conn: Connection, review_id: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pytest
 
 from gc_worker import engine as gc_engine
 from gc_worker import erasure, restore
+from gc_worker.cli import main
 from gc_worker.verify_erasure import verify
 from tests.conftest import TEST_DIM
 from tests.fake_model import FakeModel
@@ -319,6 +320,25 @@ class TestARestoreIsNotUndoneByTheNextRun:
         assert (veto.kind, veto.reason, veto.status, veto.d) == (
             "compaction", "restored", "resolved", "dismiss")  # fmt: skip
         assert sorted(veto.memory_ids) == sorted(members)
+
+    def test_a_lifted_dismissal_lets_the_model_merge_again(
+        self, engine, settings, make_llm, cli_env, capsys
+    ):
+        """`reviews lift ID` takes the restore's dismissal back (it used to take SQL): the
+        next run merges the pair again; the item stays, resolved, decision `lifted`."""
+        members, run_id, llm = model_merged(engine, settings, make_llm)
+        restore.restore_run(engine, UUID(run_id), now=later(0.05))
+        veto = execute(engine, "SELECT id FROM gc_review_items").scalar_one()
+        assert main(["reviews", "lift", str(veto), "--now", later(0.1).isoformat()]) == 0
+        assert "dismissal lifted" in capsys.readouterr().out
+        again = run(engine, settings, jobs=["compaction"], users=["u1"], llm=llm, now=later(1))
+        assert {a["memory_id"] for a in again["actions"] if a["action"] == "merge"} == {
+            str(m) for m in members}  # fmt: skip
+        lifted = execute(engine, "SELECT status, resolution FROM gc_review_items").one()
+        assert lifted.status == "resolved" and lifted.resolution["decision"] == "lifted"
+        assert lifted.resolution["lifted"]["decision"] == "dismiss"
+        assert main(["reviews", "lift", str(veto)]) == 2  # lifted already: nothing to lift
+        assert "not dismissed" in capsys.readouterr().err
 
     def test_a_new_copy_still_merges_with_one_of_them(self, engine, settings, make_llm):
         """Only the undone set is kept apart: a later copy merges with one of its members."""

@@ -196,6 +196,29 @@ class TestCommandLine:
         assert main(["reviews", "list"]) == 0
         assert "no open review items" in capsys.readouterr().out
 
+    def test_lift_takes_back_a_persons_dismissal(self, engine, settings, cli_env, capsys):
+        """A dismissed contradiction item stops blocking its pair once lifted: the next run
+        queues the pair for review again. An open item, or one resolved with a change, has no
+        dismissal to lift (exit 2, naming what to do instead)."""
+        said, inferred = seed_conflict(engine)
+        review_id = queue(engine, settings)
+        assert main(["reviews", "lift", str(review_id)]) == 2
+        assert "is open, not dismissed" in capsys.readouterr().err
+        assert main(["reviews", "resolve", str(review_id), "--dismiss"]) == 0
+        run(engine, settings, jobs=["contradiction"])
+        with engine.connect() as conn:
+            assert list_reviews(conn) == []  # dismissed: left alone
+        assert main(["reviews", "lift", str(review_id)]) == 0
+        run(engine, settings, jobs=["contradiction"])
+        with engine.connect() as conn:
+            [again] = list_reviews(conn)
+        assert again.id != review_id and again.memory_ids == [said, inferred]
+        assert main(["reviews", "resolve", str(again.id), "--keep", str(said)]) == 0
+        capsys.readouterr()
+        assert main(["reviews", "lift", str(again.id)]) == 2
+        assert "resolved with keep, not dismissed" in capsys.readouterr().err
+        assert main(["reviews", "lift", "999"]) == 2
+
     def test_bad_usage_exits_2(self, engine, cli_env, capsys):
         """A non-numeric id, a missing decision or an unknown item is exit code 2."""
         assert main(["reviews", "resolve", "abc", "--dismiss"]) == 2

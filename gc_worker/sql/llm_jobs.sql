@@ -93,6 +93,16 @@ FROM memories
 WHERE id = ANY(:ids)
 ORDER BY id
 
+-- review_lift --
+-- Take back a dismissal (locked by review_lock): decision `lifted`, the earlier resolution
+-- kept under `lifted`; no query that honours dismissals matches it any more.
+UPDATE gc_review_items
+SET resolution = jsonb_build_object('decision', 'lifted', 'lifted_at', CAST(:now AS timestamptz),
+                                    'lifted', resolution)
+WHERE id = :id AND status = 'resolved' AND resolution ->> 'decision' = 'dismiss'
+RETURNING id, run_id, user_id, kind, memory_ids, reason, details, status, resolution,
+          created_at, resolved_at
+
 -- review_close --
 -- Mark a review item resolved with its decision.
 UPDATE gc_review_items
