@@ -250,9 +250,9 @@ def cmd_restore(args: argparse.Namespace, ctx: Context) -> int:
     print(f"restore run {result.run_id}: {len(result.restored)} restored, "
           f"{len(result.not_restorable)} not restorable"
           + (f"; cannot be brought back: {', '.join(gone)}" if gone else ""))  # fmt: skip
-    kept = list(result.why_not.items())
-    for memory_id, why in kept[:SHOWN_KEPT]:
-        print(f"  {memory_id}  {why}")
+    kept = result.why_not
+    for memory_id, action, why in kept[:SHOWN_KEPT]:
+        print(f"  {memory_id}  {why}  (its {action} kept)")
     if kept:
         more = f"{len(kept) - SHOWN_KEPT:,} more and " if len(kept) > SHOWN_KEPT else ""
         print(f"  ({more}why: `memory-gc report {result.run_id}`, section Not restorable)")

@@ -217,13 +217,19 @@ def _drifted_rows(report: Report) -> tuple[Rows, int]:
             _short_id(a.get("memory_id")),
             _stored(a.get("user_id")),
             a.get("job"),
-            a.get("action"),
+            _drifted_action(a),
             a.get("reason"),
             _preview((a.get("details") or {}).get("content")),
         ]
         for a in drifted[:DEFERRED_GROUPS]
     ]
     return rows, max(0, len(drifted) - DEFERRED_GROUPS)
+
+
+def _drifted_action(action: dict[str, Any]) -> Any:
+    """The action of a drifted row; a restore's names the change it kept."""
+    undid = (action.get("details") or {}).get("undid")
+    return f"{action.get('action')} of {undid}" if undid else action.get("action")
 
 
 def _empty_totals(report: Report) -> str:

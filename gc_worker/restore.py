@@ -35,7 +35,8 @@ class RestoreResult:
     run_id: UUID
     restored: list[UUID] = field(default_factory=list)
     not_restorable: list[UUID] = field(default_factory=list)
-    why_not: dict[UUID, str] = field(default_factory=dict)  # _why_left
+    # per change not undone: (memory, the action kept, why: _why_left), in not_restorable's order
+    why_not: list[tuple[UUID, str, str]] = field(default_factory=list)
     purged: int = 0  # rows the restored run physically deleted: gone for good
     erased: int = 0  # rows it erased ("forget me"): never undone
 
@@ -126,29 +127,37 @@ def _restore(
     done = [r for r in rows if r.action_id in undone]
     left = [r for r in rows if r.action_id not in undone]
     conn.execute(q("mark_restored"), {"ids": [r.action_id for r in done]})
-    why = _why_left(conn, left, in_place | unchanged)
+    why = _why_left(conn, left, in_place, unchanged)
     result = RestoreResult(run_id=_record_restore_run(conn, run_id, done, left, why, now))
     _record_dismissals(conn, result.run_id, run_id, done)
     result.restored = [r.memory_id for r in done]
     result.not_restorable = [r.memory_id for r in left]
-    result.why_not = {r.memory_id: why[r.action_id] for r in left}
+    result.why_not = [(r.memory_id, r.action, why[r.action_id]) for r in left]
     return result
 
 
-def _why_left(conn: Connection, left: list[Any], untouched: set[UUID]) -> dict[Any, str]:
+def _why_left(
+    conn: Connection, left: list[Any], in_place: set[UUID], unchanged: set[UUID]
+) -> dict[Any, str]:
     """Per action a restore could not undo, why (the restore run's report names each): the row
     is no longer stored, is another user's now, was erased, a pending erasure request names it
-    (or its user), the application (or a later run) changed it since; or, for a row still as
-    the run left it (``untouched``: in place, or a created record unchanged), its merge is kept
-    whole because another row of it changed."""
+    (or its user), the application (or a later run) changed it since; or, for a change still
+    as the run made it (a retired row ``in_place``, a created record ``unchanged``), its merge
+    is kept whole because another row of it changed."""
     if not left:
         return {}
     params = {"ids": [r.memory_id for r in left], "users": [r.user_id for r in left]}
     state = {row.id: row.why for row in conn.execute(q("restore_left_state"), params)}
+
+    def still_made(r: Any) -> bool:  # by the action's kind: a row can have two in one run
+        if Kind(r.action) in TARGET_STATUS:
+            return r.memory_id in in_place
+        return r.action == Kind.CREATE_MERGED and r.memory_id in unchanged
+
     return {
         r.action_id: (
             "merge_kept"
-            if state.get(r.memory_id) == "changed_since" and r.memory_id in untouched
+            if state.get(r.memory_id) == "changed_since" and still_made(r)
             else state.get(r.memory_id, "changed_since")
         )
         for r in left

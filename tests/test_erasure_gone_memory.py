@@ -6,16 +6,16 @@ what the worker kept is scrubbed at once, as `forget-user` does."""
 
 from __future__ import annotations
 
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 import sqlalchemy as sa
 
-from gc_worker import erasure
+from gc_worker import erasure, restore
 from gc_worker.cli import main
 from gc_worker.errors import NotFoundError
 from gc_worker.verify_erasure import verify
-from tests.store import NOW, add, get, run
+from tests.store import NOW, add, days_ago, get, run
 from tests.test_erasure_helpers import full_text_scan, merge, requests
 from tests.test_erasure_residue_review import DAY, LATER, erased, merged_fact
 
@@ -89,6 +89,24 @@ def test_the_latest_owner_in_the_audit_is_the_one_asked_about(engine):
     with engine.begin() as conn:
         filed = erasure.file_request(conn, memory_id=b)
     assert (filed.kind, filed.user_id, filed.status) == ("memory", "u2", "pending")
+
+
+def test_a_restores_note_of_a_kept_change_does_not_name_the_owner(engine, settings):
+    """A restore records a change it kept under the user of that change: for a row moved to
+    another user since, the earlier user. Found by a review: that note, the newest audit row
+    naming the memory, made `forget` file the request for the earlier user."""
+    m = add(engine, "u1", "Sees Dr Quillfeather on Tuesdays", expires_at=days_ago(1))
+    first = run(engine, settings, jobs=["ttl_expiry"])
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE memories SET user_id = 'u2', status = 'active',"
+                             " status_reason = NULL, deleted_at = NULL WHERE id = :id"),
+                     {"id": m})  # fmt: skip
+    run(engine, settings, jobs=["ttl_expiry"], now=NOW + DAY)  # retired again, as u2's
+    kept = restore.restore_run(engine, UUID(first["run_id"]), now=NOW + 2 * DAY)
+    assert kept.why_not == [(m, "soft_delete", "moved_to_another_user")]
+    app_deletes(engine, "id = :id", id=m)
+    with engine.begin() as conn:
+        assert erasure.file_request(conn, memory_id=m).user_id == "u2"
 
 
 def test_an_id_the_worker_never_saw_is_still_refused(engine):

@@ -23,7 +23,7 @@ from gc_worker.render import render_markdown
 from gc_worker.report import build_report
 from gc_worker.restore import restore_memory, restore_run
 from jobs.importance import scoring_batches
-from tests.store import NOW, add, days_ago, get, run, snapshot, status
+from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
 from tests.test_llm_port import FakeServer, Reply, chat_reply, data_block, error_reply
 
 GOAL, LUNCH, CAT = (
@@ -227,6 +227,38 @@ class TestScoring:
         assert verify(engine, now=NOW, memory_id=ids[LUNCH]).residues == []
         again = run(engine, settings, jobs=["importance"], llm=llm, now=NOW + timedelta(days=1))
         assert again["actions"] == [] and len(server.requests) == 1
+
+
+def scored_and_evicted(engine, make_llm: MakeLLM) -> tuple[UUID, dict[str, Any]]:
+    """One run scores three rows (the model gives LUNCH 1) and evicts LUNCH over a cap of 2:
+    one row, two changes of one run."""
+    ids = seed_three(engine)
+    settings = with_options(user_cap={"max_memories": 2})
+    llm, _ = make_llm(scored_by_content(SCORES), settings=settings)
+    report = run(engine, settings, jobs=["importance", "user_cap"], llm=llm)
+    assert {a["action"] for a in report["actions"] if a["memory_id"] == str(ids[LUNCH])} == {
+        "set_importance", "soft_delete"}  # fmt: skip
+    return ids[LUNCH], report
+
+
+def test_restore_a_kept_score_of_a_row_brought_back_is_changed_not_merge_kept(engine, make_llm):
+    """The application re-scored the row: its eviction is undone, its score kept. The reason
+    is decided per change (found by a review: the row's eviction being in place made the
+    kept score read 'merge_kept', with no merge anywhere)."""
+    lunch, report = scored_and_evicted(engine, make_llm)
+    execute(engine, "UPDATE memories SET importance = 4 WHERE id = :id", id=lunch)
+    result = restore_run(engine, UUID(report["run_id"]), now=NOW + timedelta(hours=1))
+    assert status(engine, lunch) == "active"
+    assert result.why_not == [(lunch, "set_importance", "changed_since")]
+
+
+def test_restore_two_kept_changes_of_one_row_are_both_named(engine, make_llm):
+    lunch, report = scored_and_evicted(engine, make_llm)
+    execute(engine, "UPDATE memories SET importance = 4, status = 'active', deleted_at = NULL"
+                    " WHERE id = :id", id=lunch)  # fmt: skip
+    result = restore_run(engine, UUID(report["run_id"]), now=NOW + timedelta(hours=1))
+    assert sorted(result.why_not) == [(lunch, "set_importance", "changed_since"),
+                                      (lunch, "soft_delete", "changed_since")]  # fmt: skip
 
 
 def scores(*pairs: tuple[int, int]) -> dict[str, Any]:

@@ -68,6 +68,7 @@ def test_members_of_a_kept_merge_say_the_merge_is_kept(engine, settings):
     with engine.connect() as conn:
         text = render_markdown(build_report(conn, result.run_id))
     assert "merge_kept" in text and "Nothing restored" in text
+    assert "restore of create_merged" in text
 
 
 def test_the_command_lists_what_it_skipped(engine, settings, cli_env, capsys):

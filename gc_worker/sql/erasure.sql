@@ -252,7 +252,10 @@ SELECT user_id, status, status_reason FROM memories WHERE id = :memory_id
 -- wins: a row the application moved to another user is asked about for the user who held it
 -- last. NULL: the worker never saw the id.
 SELECT user_id FROM (
-    SELECT 1 AS tier, a.id AS seq, a.user_id FROM gc_actions a WHERE a.memory_id = :memory_id
+    SELECT 1 AS tier, a.id AS seq, a.user_id FROM gc_actions a
+    WHERE a.memory_id = :memory_id
+      -- a restore's note of a change it kept names the user of that change, not the holder
+      AND NOT (a.action = 'restore' AND a.outcome = 'drifted')
     UNION ALL
     SELECT 1, a.id, a.user_id FROM gc_actions a
     WHERE a.action = 'create_merged' AND a.details -> 'sources' ? CAST(:memory_id AS text)
