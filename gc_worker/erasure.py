@@ -115,10 +115,13 @@ def _forget_gone_memory(
     batch finds what was made from it in the audit). If that user has no memory rows left, no
     batch would visit them: the worker's tables are scrubbed of the memory and the request is
     completed here, at once. A memory the worker never saw raises NotFoundError."""
-    done = conn.execute(q("erasure_completed_for"), {"user_id": None, "memory_id": memory_id})
-    if (row := done.mappings().first()) is not None:
-        return FiledRequest(**row, created=False)
     user_id = conn.execute(q("erasure_audited_owner"), {"memory_id": memory_id}).scalar()
+    done = conn.execute(q("erasure_completed_for"), {"user_id": None, "memory_id": memory_id})
+    row = done.mappings().first()
+    # a completed request answers only for the user the audit names: one the application
+    # misfiled under another user completed without touching the owner's rows
+    if row is not None and user_id in (None, row["user_id"]):
+        return FiledRequest(**row, created=False)
     if user_id is None:
         raise NotFoundError(f"no memory with id {memory_id}; nothing was changed")
     conn.execute(q("lock_user_xact"), {"user_id": user_id})  # as for forget-user, below

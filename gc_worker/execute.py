@@ -142,23 +142,28 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
 
 
 def _dismissed_since(conn: Connection, actions: Sequence[Action]) -> set[int]:
-    """ids() of model merges and verdicts a person dismissed after planning (a restore of the
-    same decision made meanwhile by another run, a `resolve --dismiss`): planning leaves
-    dismissed sets apart, and a restore puts the rows' status fields back exactly, so no
-    version would drift them."""
+    """ids() of model merges, verdicts and importance scores a person dismissed after planning
+    (a restore of the same decision made meanwhile by another run, a `resolve --dismiss`):
+    planning leaves dismissed sets apart, and a restore puts the rows' status fields (or
+    scores) back exactly, so no version would drift them."""
     merges = [a for a in actions if (a.job, a.action) == ("compaction", Kind.MERGE)]
     verdicts = [
         a for a in actions
         if (a.job, a.action) == ("contradiction", Kind.OBSOLETE)
         and a.details.get("basis") == "similar" and a.details.get("superseded_by")
     ]  # fmt: skip
-    if not merges and not verdicts:
+    scores = [a for a in actions if (a.job, a.action) == ("importance", Kind.SET_IMPORTANCE)]
+    if not merges and not verdicts and not scores:
         return set()
-    params = {"ids": [a.memory_id for a in [*merges, *verdicts]],
-              "users": sorted({a.user_id for a in [*merges, *verdicts]})}  # fmt: skip
+    params = {"ids": [a.memory_id for a in [*merges, *verdicts, *scores]],
+              "users": sorted({a.user_id for a in [*merges, *verdicts, *scores]})}  # fmt: skip
     dismissed: dict[str, list[set[str]]] = {"compaction": [], "contradiction": []}
+    unscored: set[tuple[str, str]] = set()  # (user, memory) a restored score keeps unscored
     for row in conn.execute(q("dismissed_among"), params):
-        dismissed[row.kind].append({str(m) for m in row.memory_ids})
+        if row.kind == "importance":
+            unscored |= {(row.user_id, str(m)) for m in row.memory_ids}
+        else:
+            dismissed[row.kind].append({str(m) for m in row.memory_ids})
     groups: dict[Any, set[str]] = {}
     for a in merges:
         groups.setdefault(a.group, set()).add(str(a.memory_id))
@@ -170,7 +175,7 @@ def _dismissed_since(conn: Connection, actions: Sequence[Action]) -> set[int]:
         for a in verdicts
         if any({str(a.memory_id), str(a.details["superseded_by"])} <= s
                for s in dismissed["contradiction"])
-    }  # fmt: skip
+    } | {id(a) for a in scores if (a.user_id, str(a.memory_id)) in unscored}  # fmt: skip
 
 
 def _about_changed_rows(conn: Connection, actions: Sequence[Action]) -> set[int]:

@@ -253,6 +253,7 @@ def _restore_importance(conn: Connection, rows: list[Any]) -> set[UUID]:
         "expect": [int(r.details["importance"]) for r in rows],
         "priors": [json.dumps(r.prior) for r in rows],
         "action_ids": [r.action_id for r in rows],
+        "users": [r.user_id for r in rows],
         "run_id": rows[0].run_id,
         "run_now": rows[0].run_now,
     }

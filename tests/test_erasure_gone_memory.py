@@ -109,6 +109,24 @@ def test_a_restores_note_of_a_kept_change_does_not_name_the_owner(engine, settin
         assert erasure.file_request(conn, memory_id=m).user_id == "u2"
 
 
+def test_a_misfiled_completed_request_does_not_answer_for_the_owner(engine, settings):
+    """The application filed forget-A under the wrong user and deleted A; that request
+    completed without touching the owner's rows. Found by a review: `forget A` then answered
+    with it, filing nothing for the owner, and M (A's fact) stayed active."""
+    a, m = merged_fact(engine)
+    add(engine, "u2", "Collects stamps")
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO gc_erasure_requests (kind, user_id, memory_id)"
+                             " VALUES ('memory', 'u2', :a)"), {"a": a})  # fmt: skip
+    app_deletes(engine, "id = :id", id=a)
+    run(engine, settings, now=LATER)
+    assert [r["status"] for r in requests(engine)] == ["completed"]
+    request, _ = erasure.forget(engine, settings, now=LATER, memory_id=a, purge_now=True)
+    assert (request.user_id, request.created) == ("u1", True)
+    assert get(engine, m) is None
+    assert verify(engine, now=LATER, memory_id=a).residues == []
+
+
 def test_an_id_the_worker_never_saw_is_still_refused(engine):
     add(engine, "u1", "Likes jazz")
     with engine.begin() as conn, pytest.raises(NotFoundError, match="no memory with id"):

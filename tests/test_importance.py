@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from gc_worker import engine as gc_engine
+from gc_worker import erasure
 from gc_worker.config import Runtime, Settings
 from gc_worker.llm import LLMPort
 from gc_worker.llm_store import open_run_llm
@@ -213,7 +214,6 @@ class TestScoring:
     ) -> None:
         """Restored scores of two rows are one dismissal. Forgetting one row takes its id out
         (it would be a residue of the erasure); the other row is still never asked about."""
-        from gc_worker import erasure
         from gc_worker.verify_erasure import verify
 
         ids = seed_three(engine)
@@ -227,6 +227,54 @@ class TestScoring:
         assert verify(engine, now=NOW, memory_id=ids[LUNCH]).residues == []
         again = run(engine, settings, jobs=["importance"], llm=llm, now=NOW + timedelta(days=1))
         assert again["actions"] == [] and len(server.requests) == 1
+
+
+def test_restore_a_stale_plan_does_not_write_back_a_restored_score(engine, settings, make_llm):
+    """A dry run plans the scores, another run applies them, and that run is restored. Found
+    by a review: `apply` of the plan wrote the scores back (a restore puts the values back
+    exactly, so nothing drifted them). A score dismissed after planning drifts now."""
+    ids = seed_three(engine)
+    llm, _ = make_llm(scored_by_content(SCORES), scored_by_content(SCORES))
+    plan = run(engine, settings, jobs=["importance"], llm=llm, dry_run=True)
+    applied = run(engine, settings, jobs=["importance"], llm=llm)
+    restore_run(engine, UUID(applied["run_id"]))
+    run_id = gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+    row = get(engine, ids[LUNCH])
+    assert (row["importance"], row["importance_assessed_at"]) == (3, None)
+    with engine.connect() as conn:
+        report = build_report(conn, run_id)
+    assert {d["memory_id"] for d in report["drifted"]} == {str(m) for m in ids.values()}
+
+
+def test_restore_an_erased_row_keeps_its_score_and_the_others_their_dismissal(
+    engine, settings, make_llm
+):
+    """One of three scored rows is forgotten (erased, not yet purged), then the run is
+    restored. Found by a review: the erased row's score was reset too, and the dismissal,
+    naming an erased row, was not recorded at all, so the other two were asked again."""
+    ids = seed_three(engine)
+    llm, server = make_llm(scored_by_content(SCORES), scored_by_content(SCORES))
+    report = run(engine, settings, jobs=["importance"], llm=llm)
+    erasure.forget(engine, settings, now=NOW, memory_id=ids[LUNCH])
+    run(engine, settings, jobs=["erasure"], now=NOW)
+    result = restore_run(engine, UUID(report["run_id"]))
+    assert (ids[LUNCH], "set_importance", "erased") in result.why_not
+    assert get(engine, ids[LUNCH])["importance"] == 1
+    again = run(engine, settings, jobs=["importance"], llm=llm, now=NOW + timedelta(days=1))
+    assert again["actions"] == [] and len(server.requests) == 1
+
+
+def test_restore_leaves_a_scored_row_moved_to_another_user(engine, settings, make_llm):
+    """Found by a review: a restore reset the score of a row the application had moved to
+    another user (a change across users), and filed the dismissal under the old user."""
+    ids = seed_three(engine)
+    llm, _ = make_llm(scored_by_content(SCORES))
+    report = run(engine, settings, jobs=["importance"], llm=llm)
+    execute(engine, "UPDATE memories SET user_id = 'u2' WHERE id = :id", id=ids[CAT])
+    result = restore_run(engine, UUID(report["run_id"]))
+    assert result.why_not == [(ids[CAT], "set_importance", "moved_to_another_user")]
+    assert get(engine, ids[CAT])["importance"] == SCORES[CAT]
+    assert get(engine, ids[CAT])["importance_assessed_at"] == NOW
 
 
 def scored_and_evicted(engine, make_llm: MakeLLM) -> tuple[UUID, dict[str, Any]]:

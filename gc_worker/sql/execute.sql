@@ -213,8 +213,8 @@ RETURNING key
 
 -- dismissed_among --
 -- Dismissed reviews (a person's `resolve --dismiss`, a restore of the model's decision) naming
--- any of :ids: a planned merge or verdict they keep apart was dismissed after planning.
-SELECT kind, memory_ids
+-- any of :ids: a planned merge, verdict or score they keep apart was dismissed after planning.
+SELECT kind, user_id, memory_ids
 FROM gc_review_items
-WHERE user_id = ANY(:users) AND kind IN ('compaction', 'contradiction')
+WHERE user_id = ANY(:users) AND kind IN ('compaction', 'contradiction', 'importance')
   AND resolution ->> 'decision' = 'dismiss' AND memory_ids && CAST(:ids AS uuid[])

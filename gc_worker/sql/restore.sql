@@ -94,14 +94,17 @@ RETURNING m.id
 
 -- restore_importance --
 -- Put re-assessed importance back, only where the worker's score is still in place (and no
--- later run's score, applied since, is: restore_in_place).
+-- later run's score, applied since, is: restore_in_place), on a row still the same user's
+-- (no restore spans two users) and not erased (an erasure is never undone, in any column).
 UPDATE memories m
 SET importance = (a.prior ->> 'importance')::smallint,
     importance_assessed_at = (a.prior ->> 'importance_assessed_at')::timestamptz
 FROM unnest(CAST(:ids AS uuid[]), CAST(:expect AS smallint[]), CAST(:priors AS jsonb[]),
-            CAST(:action_ids AS bigint[]))
-     AS a(id, expect, prior, action_id)
-WHERE m.id = a.id AND m.importance = a.expect AND m.importance_assessed_at = :run_now
+            CAST(:action_ids AS bigint[]), CAST(:users AS text[]))
+     AS a(id, expect, prior, action_id, user_id)
+WHERE m.id = a.id AND m.user_id = a.user_id
+  AND m.importance = a.expect AND m.importance_assessed_at = :run_now
+  AND NOT (m.status = 'deleted' AND m.status_reason IN ('erasure', 'erasure_tombstone'))
   AND NOT EXISTS (SELECT 1 FROM gc_actions g
                   WHERE g.memory_id = m.id AND g.id > a.action_id AND g.run_id <> :run_id
                     AND g.outcome = 'applied' AND g.action = 'set_importance')
