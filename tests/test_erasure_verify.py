@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gc_worker import erasure
 from gc_worker.verify_erasure import verify
-from jobs.similarity import content_hash
+from jobs.similarity import content_hash, normalise_text
 from tests.store import NOW, add, execute, run, status
 from tests.test_erasure_helpers import requests
 
@@ -23,6 +23,20 @@ SAMPLES = [
     "¿Qué tal?", "…ellipsis…", "emoji 😀 ok", "ΣΑΣ", "İstanbul", "\u00a0nbsp\u00a0", "x" * 300,
     "", "!!!", "a--b", "Ǆemal", "ﬃ", "K\u212a", "(parens) [brackets] {braces}", "$5 + 3 = 8",
 ]  # fmt: skip
+
+
+def _migration(name: str):
+    """A migration module by file name (their names start with digits: not importable)."""
+    import importlib.util
+    from pathlib import Path
+
+    import gc_worker
+
+    path = Path(gc_worker.__file__).parent / "migrations" / "versions" / name
+    spec = importlib.util.spec_from_file_location(f"memory_gc_test_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def sql_hash(engine, user: str, text: str) -> str:
@@ -54,6 +68,44 @@ class TestSqlContentHash:
         if "\x00" in text:
             return  # PostgreSQL text cannot hold NUL
         assert sql_hash(engine, "u", text) == content_hash("u", text)
+
+    @pytest.mark.parametrize("fold", ["fallback", "lower"])
+    def test_the_fold_before_postgresql_18_is_pythons(self, engine, fold):
+        """Before PostgreSQL 18 the normaliser folds case with Python's own table (migration
+        0014), built here as a session-local function on this server: it agrees with Python on
+        the samples and on every character that folds. The `lower` it replaced did not
+        ("Straße", a final sigma)."""
+        migration = _migration("0014_python_casefold.py")
+        erasure_0003 = _migration("0003_erasure.py")
+        expression = migration.python_fold("s") if fold == "fallback" else "lower(s)"
+        create = erasure_0003.normalise_function(expression).replace(
+            "CREATE FUNCTION memory_gc_normalise(", "CREATE FUNCTION pg_temp.normalise_before_18("
+        )
+        folding = "".join(chr(c) for c in range(0x110000)
+                          if not 0xD800 <= c <= 0xDFFF and chr(c).casefold() != chr(c))  # fmt: skip
+        texts = [*SAMPLES, folding, folding[::-1], "Ⅻ ﬀ ŉ ΐ ᾳ"]
+        with engine.connect() as conn:
+            conn.execute(sa.text(create))
+            got = [conn.execute(sa.text("SELECT pg_temp.normalise_before_18(:t)"), {"t": t})
+                   .scalar_one() for t in texts]  # fmt: skip
+        wrong = [t for t, g in zip(texts, got, strict=True) if g != normalise_text(t)]
+        if fold == "fallback":
+            assert wrong == []
+        else:
+            assert "«Straße»" in wrong and folding in wrong
+
+    def test_an_index_on_the_hash_is_found_for_rebuilding(self, engine):
+        """Migration 0014 rebuilds the application's indexes on the hash (their values were
+        computed by the old fold): it finds one on memory_gc_content_hash, none otherwise."""
+        migration = _migration("0014_python_casefold.py")
+        with engine.begin() as conn:
+            assert migration.hash_indexes(conn) == []
+            conn.execute(sa.text(
+                'CREATE INDEX "app hash idx" ON memories (memory_gc_content_hash(user_id, content))'
+            ))  # fmt: skip
+            assert migration.hash_indexes(conn) == ['"app hash idx"']
+            migration._reindex(conn)
+            conn.rollback()
 
     def test_is_tombstoned_and_refusing_trigger(self, engine, settings):
         """After an erasure the request-path check says yes, and the trigger refuses the write."""

@@ -1,0 +1,96 @@
+"""Full case folding in the SQL content hash on PostgreSQL before 18.
+
+Revision ID: 0014
+
+``memory_gc_normalise`` (0003) folds case with ``casefold(… COLLATE pg_unicode_fast)`` on
+PostgreSQL 18+, and with ``lower`` before that. ``lower`` is not Python's ``casefold`` (the
+hash the worker writes tombstones with): "Straße" keeps its "ß" where casefold makes "ss", a
+final "ς" stays, and under a Turkish collation "I" becomes "ı". An erasure's scrub by content
+hash, and an application's ``memory_gc_is_tombstoned`` check, then missed such texts. Before
+18 the fold is now Python's own table, generated here: a jsonb map of the 1,500-odd characters
+that fold, applied character by character, and plain ASCII (most text) only through A-Z.
+PostgreSQL 18+ keeps ``casefold``. Indexes of the application's on the hash are rebuilt.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+from alembic import op
+
+revision = "0014"
+down_revision = "0013"
+branch_labels = None
+depends_on = None
+
+ASCII_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _migration_0003():
+    path = Path(__file__).with_name("0003_erasure.py")
+    spec = importlib.util.spec_from_file_location("memory_gc_migration_0003", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def upgrade() -> None:
+    erasure = _migration_0003()
+    if not erasure._has_unicode_casefold():
+        op.execute(_replace(erasure.normalise_function(python_fold("s"))))
+        _reindex(op.get_bind())
+
+
+def downgrade() -> None:
+    erasure = _migration_0003()
+    if not erasure._has_unicode_casefold():
+        op.execute(_replace(erasure.normalise_function("lower(s)")))
+        _reindex(op.get_bind())
+
+
+# an index of the application's on the hash (say, on memory_gc_content_hash(user_id, content))
+# holds values of the old function: rebuilt in the same transaction
+
+
+def hash_indexes(bind) -> list[str]:
+    """Indexes whose expressions or predicates call the hash functions (pg_depend records the
+    call, also through memory_gc_content_hash's SQL-standard body)."""
+    rows = bind.exec_driver_sql(
+        "SELECT DISTINCT d.objid::regclass::text FROM pg_depend d"
+        " JOIN pg_proc p ON p.oid = d.refobjid"
+        " JOIN pg_class c ON c.oid = d.objid AND d.classid = 'pg_class'::regclass"
+        " WHERE p.proname IN ('memory_gc_normalise', 'memory_gc_content_hash')"
+        " AND p.pronamespace = current_schema()::regnamespace AND c.relkind = 'i'"
+        " ORDER BY 1"
+    )
+    return [row[0] for row in rows]
+
+
+def _reindex(bind) -> None:
+    for index in hash_indexes(bind):
+        bind.exec_driver_sql(f"REINDEX INDEX {index}")  # a regclass text: quoted as needed
+
+
+def _replace(create: str) -> str:
+    return create.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+
+def python_fold(value: str) -> str:
+    """A SQL expression equal to Python's ``value.casefold()`` (its Unicode tables), whatever
+    the server's version or collation: folding is per character, so a text that is not plain
+    ASCII is folded character by character from a jsonb map of the 1,500-odd characters that
+    fold (to one character or several; a key lookup, not a scan of the map), and plain ASCII
+    (most text) only through A-Z."""
+    table = {
+        chr(point): chr(point).casefold()
+        for point in range(0x110000)
+        if not 0xD800 <= point <= 0xDFFF and chr(point).casefold() != chr(point)
+    }
+    mapping = json.dumps(table, ensure_ascii=True, separators=(",", ":")).replace("'", "''")
+    per_char = (
+        f"(SELECT string_agg(coalesce(CAST('{mapping}' AS jsonb) ->> c, c), '' ORDER BY n)"
+        f" FROM regexp_split_to_table({value}, '') WITH ORDINALITY AS chars(c, n))"
+    )
+    ascii_only = f"translate({value}, '{ASCII_UPPER}', '{ASCII_UPPER.lower()}')"
+    ascii_test = f"octet_length({value}) = char_length({value})"
+    return f"(CASE WHEN {ascii_test} THEN {ascii_only} ELSE {per_char} END)"
