@@ -13,6 +13,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from gc_worker import erasure
+from gc_worker.migration_modules import load as load_migration
 from gc_worker.verify_erasure import verify
 from jobs.similarity import content_hash, normalise_text
 from tests.store import NOW, add, execute, run, status
@@ -23,20 +24,6 @@ SAMPLES = [
     "¿Qué tal?", "…ellipsis…", "emoji 😀 ok", "ΣΑΣ", "İstanbul", "\u00a0nbsp\u00a0", "x" * 300,
     "", "!!!", "a--b", "Ǆemal", "ﬃ", "K\u212a", "(parens) [brackets] {braces}", "$5 + 3 = 8",
 ]  # fmt: skip
-
-
-def _migration(name: str):
-    """A migration module by file name (their names start with digits: not importable)."""
-    import importlib.util
-    from pathlib import Path
-
-    import gc_worker
-
-    path = Path(gc_worker.__file__).parent / "migrations" / "versions" / name
-    spec = importlib.util.spec_from_file_location(f"memory_gc_test_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def sql_hash(engine, user: str, text: str) -> str:
@@ -75,8 +62,8 @@ class TestSqlContentHash:
         0014), built here as a session-local function on this server: it agrees with Python on
         the samples and on every character that folds. The `lower` it replaced did not
         ("Straße", a final sigma)."""
-        migration = _migration("0014_python_casefold.py")
-        erasure_0003 = _migration("0003_erasure.py")
+        migration = load_migration("0014_python_casefold.py")
+        erasure_0003 = load_migration("0003_erasure.py")
         expression = migration.python_fold("s") if fold == "fallback" else "lower(s)"
         create = erasure_0003.normalise_function(expression).replace(
             "CREATE FUNCTION memory_gc_normalise(", "CREATE FUNCTION pg_temp.normalise_before_18("
@@ -97,7 +84,7 @@ class TestSqlContentHash:
     def test_an_index_on_the_hash_is_found_for_rebuilding(self, engine):
         """Migration 0014 rebuilds the application's indexes on the hash (their values were
         computed by the old fold): it finds one on memory_gc_content_hash, none otherwise."""
-        migration = _migration("0014_python_casefold.py")
+        migration = load_migration("0014_python_casefold.py")
         with engine.begin() as conn:
             assert migration.hash_indexes(conn) == []
             conn.execute(sa.text(

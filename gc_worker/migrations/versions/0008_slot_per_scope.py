@@ -8,10 +8,9 @@ holder per slot and scope (compaction and contradiction never pair rows of two s
 function is the one of migration 0005 with ``PARTITION BY (l.mem).scope, l.slot``.
 """
 
-import importlib.util
-from pathlib import Path
-
 from alembic import op
+
+from gc_worker.migration_modules import load
 
 revision = "0008"
 down_revision = "0007"
@@ -22,11 +21,7 @@ SIGNATURE = "memory_gc_current(text, text, timestamptz, timestamptz)"
 
 
 def _read_rule_0005():
-    path = Path(__file__).with_name("0005_read_rule.py")
-    spec = importlib.util.spec_from_file_location("memory_gc_migration_0005", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.CURRENT_FUNCTION
+    return load("0005_read_rule.py").CURRENT_FUNCTION
 
 
 def _function(partition: str) -> str:

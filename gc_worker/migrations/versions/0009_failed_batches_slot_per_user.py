@@ -14,10 +14,9 @@ Revision ID: 0009
   it under a record id that never existed).
 """
 
-import importlib.util
-from pathlib import Path
-
 from alembic import op
+
+from gc_worker.migration_modules import load
 
 revision = "0009"
 down_revision = "0008"
@@ -26,11 +25,7 @@ depends_on = None
 
 
 def _migration_0008():
-    path = Path(__file__).with_name("0008_slot_per_scope.py")
-    spec = importlib.util.spec_from_file_location("memory_gc_migration_0008", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("0008_slot_per_scope.py")
 
 
 def upgrade() -> None:

@@ -34,10 +34,9 @@ edit of the record moved that, and a read as known between the merge and the edi
 fact (its members merged, the record not yet known).
 """
 
-import importlib.util
-from pathlib import Path
-
 from alembic import op
+
+from gc_worker.migration_modules import load
 
 revision = "0012"
 down_revision = "0011"
@@ -46,11 +45,7 @@ depends_on = None
 
 
 def _migration_0005():
-    path = Path(__file__).with_name("0005_read_rule.py")
-    spec = importlib.util.spec_from_file_location("memory_gc_migration_0005", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("0005_read_rule.py")
 
 
 CURRENT_FUNCTION = """

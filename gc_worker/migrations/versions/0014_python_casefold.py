@@ -12,11 +12,11 @@ that fold, applied character by character, and plain ASCII (most text) only thro
 PostgreSQL 18+ keeps ``casefold``. Indexes of the application's on the hash are rebuilt.
 """
 
-import importlib.util
 import json
-from pathlib import Path
 
 from alembic import op
+
+from gc_worker.migration_modules import load
 
 revision = "0014"
 down_revision = "0013"
@@ -27,11 +27,7 @@ ASCII_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def _migration_0003():
-    path = Path(__file__).with_name("0003_erasure.py")
-    spec = importlib.util.spec_from_file_location("memory_gc_migration_0003", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("0003_erasure.py")
 
 
 def upgrade() -> None:
