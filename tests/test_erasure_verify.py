@@ -94,6 +94,19 @@ class TestSqlContentHash:
             migration._reindex(conn)
             conn.rollback()
 
+    def test_migration_0014_round_trip(self, empty_database_url):
+        """0014 goes down to 0013 and up again (on this PostgreSQL 18 both keep casefold)."""
+        from alembic import command
+
+        from tests.conftest import migrating
+
+        with migrating(empty_database_url) as (cfg, conn):
+            command.upgrade(cfg, "head")
+            command.downgrade(cfg, "0013")
+            command.upgrade(cfg, "0014")
+            folded = "SELECT memory_gc_normalise('STRASSE Straße')"
+            assert conn.exec_driver_sql(folded).scalar() == "strasse strasse"
+
     def test_is_tombstoned_and_refusing_trigger(self, engine, settings):
         """After an erasure the request-path check says yes, and the trigger refuses the write."""
         memory_id = erased(engine, settings, "Allergic to peanuts")
