@@ -1,4 +1,4 @@
-"""The ``memory-gc`` command line (DESIGN.md section 4).
+"""The ``memory-gc`` command line (docs/design.md, section 4).
 
 Exit codes: 0 success, 2 bad usage or configuration (the message says what and how to fix it),
 1 runtime failure. Every command validates its input before it touches a memory.

@@ -30,8 +30,9 @@ def register(sub: Any) -> None:
         "--metrics-port", type=int, metavar="N",
         help="serve /metrics and /healthz on this port (0: any free port)",
     )  # fmt: skip
-    schedule.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST",
-                          help="address of the metrics endpoint (default 0.0.0.0)")  # fmt: skip
+    schedule.add_argument("--metrics-host", metavar="HOST",
+                          help="address of the metrics endpoint (with --metrics-port; "
+                               "default 0.0.0.0)")  # fmt: skip
     schedule.add_argument("--once-due", action="store_true",
                           help="do what is due now (resume, nightly slot, due plans, queued "
                                "sweeps), then exit")  # fmt: skip
@@ -54,6 +55,12 @@ def cmd_schedule(args: argparse.Namespace, ctx: Context) -> int:
     from gc_worker.llm_store import open_run_llm
 
     clock = _clock(args, system_clock)
+    if args.metrics_host is not None and args.metrics_port is None:  # before connecting
+        raise UsageError(
+            "--metrics-host says where the metrics endpoint listens, but there is none without "
+            "--metrics-port: add --metrics-port N (e.g. 9108), or drop --metrics-host"
+        )
+    args.metrics_host = args.metrics_host or "0.0.0.0"
     engine = ctx.engine()
     daemon = Daemon(
         engine, ctx.settings, clock=clock,

@@ -134,3 +134,16 @@ def test_a_metrics_host_that_cannot_be_encoded_exits_2(cli_env, capsys, host):
     )  # fmt: skip
     assert code == 2, code
     assert "--metrics-host" in err
+
+
+def test_a_metrics_host_without_a_port_exits_2(engine, cli_env, capsys):
+    """`schedule --metrics-host 'bad host!'` without --metrics-port: there is no endpoint, and
+    the host was ignored without a word (the pass ran, exit 0). It is refused before anything
+    runs, naming the missing flag."""
+    before = run_count(engine)
+    code, err = cli(
+        ["schedule", "--once-due", "--now", NOW_ARG, "--metrics-host", "bad host!"], capsys
+    )
+    assert code == 2, code
+    assert "--metrics-port" in err
+    assert run_count(engine) == before
