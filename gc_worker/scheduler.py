@@ -110,15 +110,16 @@ def cron_trigger(cron: str, timezone: str) -> CrontabTrigger:
         ]  # fmt: skip
     except (ValueError, LookupError) as exc:
         raise ValueError(f'not a valid cron line ({exc}); e.g. "0 3 * * *"') from None
-    trigger = CrontabTrigger(triggers, once_in_repeated_hour=not hour.startswith("*"))
     # crontab takes "0 3 30 2 *" and never runs it: a nightly job that silently never runs is
-    # worse than a refused line
-    if trigger.get_next_fire_time(None, NEVER_CHECK_FROM) is None:
+    # worse than a refused line. Of an either-line ("0 3 31 2 mon"), a half that never fires
+    # is dropped: asking it for its next fire time searches to year 9999, at every slot
+    firing = [t for t in triggers if t.get_next_fire_time(None, NEVER_CHECK_FROM) is not None]
+    if not firing:
         raise ValueError(
             f"the cron line {cron!r} never fires: no month has that day (e.g. 30 2 = February "
             'the 30th); use a day every month has, e.g. "0 3 * * *" or "0 3 28 2 *"'
         )
-    return trigger
+    return CrontabTrigger(firing, once_in_repeated_hour=not hour.startswith("*"))
 
 
 NEVER_CHECK_FROM = datetime(2000, 1, 1, tzinfo=UTC)

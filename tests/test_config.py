@@ -98,6 +98,19 @@ class TestErrors:
         assert fragment in str(info.value)
         assert name in str(info.value) or "importance_multipliers" in str(info.value)
 
+    def test_the_half_of_an_either_line_that_never_fires_is_dropped(self):
+        """`0 3 31 2 mon` fires every Monday of February (crontab: day or weekday). Its day
+        half never fires, and asking it for a fire time searched to year 9999 (about a
+        second) at every slot: only the weekday half is kept."""
+        from datetime import UTC, datetime
+
+        from gc_worker.scheduler import cron_trigger
+
+        trigger = cron_trigger("0 3 31 2 mon", "UTC")
+        assert len(trigger.triggers) == 1
+        fire = trigger.get_next_fire_time(None, datetime(2026, 12, 2, tzinfo=UTC))
+        assert fire == datetime(2027, 2, 1, 3, tzinfo=UTC)  # the first Monday of February
+
     @pytest.mark.parametrize("cron", ["0 3 29 2 *", "0 3 30 2 1", "0 3 31 * *"])
     def test_a_cron_that_fires_rarely_is_kept(self, cron):
         """A leap day, a day that does not exist but with a weekday (crontab fires on either),

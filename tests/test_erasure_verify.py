@@ -91,6 +91,12 @@ class TestSqlContentHash:
                 'CREATE INDEX "app hash idx" ON memories (memory_gc_content_hash(user_id, content))'
             ))  # fmt: skip
             assert migration.hash_indexes(conn) == ['"app hash idx"']
+            conn.execute(sa.text(  # a wrapper of the application's (found by a review)
+                "CREATE FUNCTION app_hash(u text, c text) RETURNS text LANGUAGE sql IMMUTABLE"
+                " RETURN memory_gc_content_hash(u, c);"
+                " CREATE INDEX app_wrapped ON memories (app_hash(user_id, content))"
+            ))  # fmt: skip
+            assert migration.hash_indexes(conn) == ['"app hash idx"', "app_wrapped"]
             migration._reindex(conn)
             conn.rollback()
 

@@ -9,7 +9,8 @@ final "ς" stays, and under a Turkish collation "I" becomes "ı". An erasure's s
 hash, and an application's ``memory_gc_is_tombstoned`` check, then missed such texts. Before
 18 the fold is now Python's own table, generated here: a jsonb map of the 1,500-odd characters
 that fold, applied character by character, and plain ASCII (most text) only through A-Z.
-PostgreSQL 18+ keeps ``casefold``. Indexes of the application's on the hash are rebuilt.
+PostgreSQL 18+ keeps ``casefold``. Indexes of the application's on the hash (or on a function
+calling it) are rebuilt.
 """
 
 import json
@@ -49,14 +50,23 @@ def downgrade() -> None:
 
 
 def hash_indexes(bind) -> list[str]:
-    """Indexes whose expressions or predicates call the hash functions (pg_depend records the
-    call, also through memory_gc_content_hash's SQL-standard body)."""
+    """Indexes whose expressions or predicates call the normaliser, directly or through any
+    function with a SQL-standard body that calls it (memory_gc_content_hash, or a wrapper of
+    the application's): pg_depend records such calls. A function with a quoted (plpgsql or
+    SQL) body records none, and a stored generated column holds values, not an index: those
+    are the application's to recompute (docs/operations.md)."""
     rows = bind.exec_driver_sql(
-        "SELECT DISTINCT d.objid::regclass::text FROM pg_depend d"
-        " JOIN pg_proc p ON p.oid = d.refobjid"
+        "WITH RECURSIVE calls (oid) AS ("
+        "  SELECT p.oid FROM pg_proc p WHERE p.proname = 'memory_gc_normalise'"
+        "    AND p.pronamespace = current_schema()::regnamespace"
+        "  UNION"
+        "  SELECT d.objid FROM pg_depend d JOIN calls ON d.refobjid = calls.oid"
+        "  WHERE d.refclassid = 'pg_proc'::regclass AND d.classid = 'pg_proc'::regclass"
+        ")"
+        " SELECT DISTINCT d.objid::regclass::text FROM pg_depend d"
+        " JOIN calls ON d.refobjid = calls.oid AND d.refclassid = 'pg_proc'::regclass"
         " JOIN pg_class c ON c.oid = d.objid AND d.classid = 'pg_class'::regclass"
-        " WHERE p.proname IN ('memory_gc_normalise', 'memory_gc_content_hash')"
-        " AND p.pronamespace = current_schema()::regnamespace AND c.relkind = 'i'"
+        " WHERE c.relkind = 'i'"
         " ORDER BY 1"
     )
     return [row[0] for row in rows]
