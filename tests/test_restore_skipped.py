@@ -11,6 +11,7 @@ from gc_worker import erasure, restore
 from gc_worker.cli import main
 from gc_worker.db import transaction
 from gc_worker.render import render_markdown
+from gc_worker.render_html import render_html
 from gc_worker.report import build_report
 from tests.store import NOW, add, days_ago, execute, run, status
 from tests.test_restore_guards import merged
@@ -69,6 +70,9 @@ def test_members_of_a_kept_merge_say_the_merge_is_kept(engine, settings):
         text = render_markdown(build_report(conn, result.run_id))
     assert "merge_kept" in text and "Nothing restored" in text
     assert "restore of create_merged" in text
+    with engine.connect() as conn:
+        page = render_html(build_report(conn, result.run_id))
+    assert "<h2>Not restorable <small>" in page and "merge_kept" in page
 
 
 def test_the_command_lists_what_it_skipped(engine, settings, cli_env, capsys):
