@@ -27,26 +27,18 @@ depends_on = None
 ASCII_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def _migration_0003():
-    return load("0003_erasure.py")
-
-
 def upgrade() -> None:
-    erasure = _migration_0003()
+    erasure = load("0003_erasure.py")
     if not erasure._has_unicode_casefold():
         op.execute(_replace(erasure.normalise_function(python_fold("s"))))
         _reindex(op.get_bind())
 
 
 def downgrade() -> None:
-    erasure = _migration_0003()
+    erasure = load("0003_erasure.py")
     if not erasure._has_unicode_casefold():
         op.execute(_replace(erasure.normalise_function("lower(s)")))
         _reindex(op.get_bind())
-
-
-# an index of the application's on the hash (say, on memory_gc_content_hash(user_id, content))
-# holds values of the old function: rebuilt in the same transaction
 
 
 def hash_indexes(bind) -> list[str]:
@@ -73,6 +65,7 @@ def hash_indexes(bind) -> list[str]:
 
 
 def _reindex(bind) -> None:
+    """An index on the hash holds the old function's values: rebuilt in the same transaction."""
     for index in hash_indexes(bind):
         bind.exec_driver_sql(f"REINDEX INDEX {index}")  # a regclass text: quoted as needed
 
