@@ -23,6 +23,7 @@ from gc_worker.llm_store import open_run_llm
 from gc_worker.render import render_markdown
 from gc_worker.report import build_report
 from gc_worker.restore import restore_memory, restore_run
+from gc_worker.verify_erasure import verify
 from jobs.importance import scoring_batches
 from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
 from tests.test_llm_port import FakeServer, Reply, chat_reply, data_block, error_reply
@@ -214,7 +215,6 @@ class TestScoring:
     ) -> None:
         """Restored scores of two rows are one dismissal. Forgetting one row takes its id out
         (it would be a residue of the erasure); the other row is still never asked about."""
-        from gc_worker.verify_erasure import verify
 
         ids = seed_three(engine)
         llm, server = make_llm(scored_by_content(SCORES))
@@ -227,6 +227,20 @@ class TestScoring:
         assert verify(engine, now=NOW, memory_id=ids[LUNCH]).residues == []
         again = run(engine, settings, jobs=["importance"], llm=llm, now=NOW + timedelta(days=1))
         assert again["actions"] == [] and len(server.requests) == 1
+
+
+def test_restore_a_dismissal_of_one_row_goes_with_that_row(engine, settings, make_llm):
+    """Just outside the trim: a restored score of a single row is an item naming that row
+    alone; forgetting the row drops the item (an id left behind would be a residue)."""
+    ids = seed_three(engine)
+    llm, _ = make_llm(scored_by_content(SCORES))
+    run(engine, settings, jobs=["importance"], llm=llm)
+    restore_memory(engine, ids[GOAL])
+    items = "SELECT memory_ids FROM gc_review_items"
+    assert [list(r) for r in execute(engine, items).scalars()] == [[ids[GOAL]]]
+    erasure.forget(engine, settings, now=NOW, memory_id=ids[GOAL], purge_now=True)
+    assert execute(engine, items).scalars().all() == []
+    assert verify(engine, now=NOW, memory_id=ids[GOAL]).residues == []
 
 
 def test_restore_a_stale_plan_does_not_write_back_a_restored_score(engine, settings, make_llm):

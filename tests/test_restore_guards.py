@@ -114,3 +114,15 @@ def test_restoring_a_run_does_not_undo_a_later_run_with_the_same_clock(engine, s
     assert back.restored == [m]
     row = execute(engine, "SELECT status, status_reason FROM memories WHERE id = :id", id=m).one()
     assert tuple(row) == ("active", "app_reopened")
+
+
+def test_a_later_same_clock_run_on_another_row_does_not_hold_a_restore(engine, settings):
+    """Just inside: the later run's change must name the same row. A second run with the same
+    `--now` that retired another row leaves the first run restorable."""
+    m = add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
+    first = run(engine, settings, jobs=["ttl_expiry"])
+    other = add(engine, "u1", "Is in Oslo this week", expires_at=days_ago(1))
+    second = run(engine, settings, jobs=["ttl_expiry"])
+    assert [a["memory_id"] for a in second["actions"]] == [str(other)]
+    back = restore.restore_run(engine, UUID(first["run_id"]), now=NOW + timedelta(hours=1))
+    assert (back.restored, status(engine, m), status(engine, other)) == ([m], "active", "deleted")

@@ -7,8 +7,11 @@ from __future__ import annotations
 from datetime import timedelta
 from uuid import UUID
 
+import pytest
+
 from gc_worker import erasure, restore
 from gc_worker.cli import main
+from gc_worker.commands import SHOWN_KEPT
 from gc_worker.db import transaction
 from gc_worker.render import render_markdown
 from gc_worker.render_html import render_html
@@ -73,6 +76,18 @@ def test_members_of_a_kept_merge_say_the_merge_is_kept(engine, settings):
     with engine.connect() as conn:
         page = render_html(build_report(conn, result.run_id))
     assert "<h2>Not restorable <small>" in page and "merge_kept" in page
+
+
+@pytest.mark.parametrize("kept", [SHOWN_KEPT, SHOWN_KEPT + 1])
+def test_the_command_lists_at_most_twenty_kept_changes(engine, settings, cli_env, capsys, kept):
+    """20 kept changes are all listed; the 21st is counted, and the report has it."""
+    rows = [expired(engine, "u1", f"Is in town {i} this week") for i in range(kept)]
+    report = run(engine, settings, jobs=["ttl_expiry"])
+    execute(engine, "UPDATE memories SET status = 'active' WHERE id = ANY(:ids)", ids=rows)
+    assert main(["restore", "--run", report["run_id"]]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  changed_since  (its soft_delete kept)") == SHOWN_KEPT
+    assert ("1 more and why" in out) == (kept > SHOWN_KEPT)
 
 
 def test_the_command_lists_what_it_skipped(engine, settings, cli_env, capsys):
