@@ -121,6 +121,9 @@ def _forget_gone_memory(
     # a completed request answers only for the user the audit names: one the application
     # misfiled under another user completed without touching the owner's rows
     if row is not None and user_id in (None, row["user_id"]):
+        # what a completion before the rows of a moved memory were scrubbed under every user
+        # left (verify-erasure names it): asking again takes it out
+        scrub(conn, [memory_id], users=[row["user_id"]])
         return FiledRequest(**row, created=False)
     if user_id is None:
         raise NotFoundError(f"no memory with id {memory_id}; nothing was changed")
@@ -321,6 +324,15 @@ def request_results(actions: Sequence[Action]) -> dict[str, dict[str, int]]:
 # ---------------------------------------------------------------------------------------------
 
 
+def gone_ids(conn: Connection, ids: Sequence[UUID]) -> list[UUID]:
+    """Of ``ids``, those no longer stored or erased (a misfiled request's memory, still on the
+    read path under its owner, is not)."""
+    if not ids:
+        return []
+    params = {"ids": list(ids), "erasure_reasons": list(ERASURE_REASONS)}
+    return list(conn.execute(q("erasure_gone"), params).scalars())
+
+
 def scrub(
     conn: Connection,
     memory_ids: Sequence[UUID],
@@ -335,13 +347,18 @@ def scrub(
     no longer in the store). What no id names — about an exact twin the application deleted —
     is found by content: the audit and plan rows, and the cached decisions, of ``hash_owners``
     (the users whose rows were erased) whose text hashes to one of ``hashes`` (the new
-    tombstones'), and their cached decisions about rows no longer stored. Counts per table."""
+    tombstones'), and their cached decisions about rows no longer stored. What any other user's
+    rows recorded about an id no longer stored or erased goes too: the application moved the
+    memory, and the worker's tables kept it under each user it belonged to. Counts per table."""
     if not memory_ids and not whole_users:
         return {}
     ids = list(memory_ids)
+    gone = gone_ids(conn, ids)
     params = {
         "ids": ids,
         "id_texts": [str(m) for m in ids],
+        "gone": gone,
+        "gone_texts": [str(m) for m in gone],
         "owners": list(users),
         "whole_users": list(whole_users),
         "hashes": list(hashes),
@@ -349,7 +366,7 @@ def scrub(
         "keep_details": list(KEEP_DETAILS),
         "keep_prior": list(PRIOR_FIELDS),
     }
-    dropped = {"ids": ids, "owners": list(users), "whole_users": list(whole_users)}
+    dropped = {"ids": ids, "gone": gone, "owners": list(users), "whole_users": list(whole_users)}
     by_content = {"hashes": list(hashes), "hash_owners": list(hash_owners)}
     return {
         "gc_actions": len(conn.execute(q("erasure_scrub_actions"), params).all()),

@@ -37,6 +37,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gc_worker.config import check_clock
 from gc_worker.db import transaction
+from gc_worker.erasure import KEEP_DETAILS, gone_ids
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.queries import q
 from jobs.similarity import content_hash
@@ -151,7 +152,9 @@ def verify(
         # completes once the row is gone): each user's rows and hashes are checked
         for owner in result.owners:
             result.user_id = owner
-            _scan(conn, result, _needles(conn, result, memory_id), all_tables=all_tables)
+            needles = _needles(conn, result, memory_id)
+            _scan(conn, result, needles, all_tables=all_tables)
+            result.residues += _audit_kept(conn, needles)
         result.user_id = result.owners[0]
         result.residues = list(dict.fromkeys(result.residues))
         if user_id is not None:
@@ -203,6 +206,16 @@ def _needles(conn: Connection, result: Verification, memory_id: UUID | None) -> 
         ids.add(str(memory_id))
     hashes = {h for t in tombstones for h in (t.content_hash, t.preview_hash)}
     return Needles(result.user_id, frozenset(ids), frozenset(hashes))
+
+
+def _audit_kept(conn: Connection, needles: Needles) -> list[Residue]:
+    """Audit rows of any user still holding text about an erased id no longer stored (or
+    erased): under a user the memory belonged to before the application moved it, the hash
+    check does not recognise it."""
+    gone = gone_ids(conn, [UUID(i) for i in sorted(needles.ids)])
+    params = {"gone": gone, "keep_details": list(KEEP_DETAILS)}
+    rows = conn.execute(q("erasure_audit_kept"), params) if gone else []
+    return [Residue("gc_actions", row.column_name, row.row_key, "content") for row in rows]
 
 
 def _request_memory_ids(conn: Connection, request_ids: Sequence[UUID]) -> list[UUID]:

@@ -80,12 +80,48 @@ SELECT * FROM unnest(CAST(:owners AS text[]), CAST(:ids AS uuid[]), CAST(:hashes
                      CAST(:reasons AS text[]))
 ON CONFLICT DO NOTHING
 
+-- erasure_gone --
+-- Of :ids, those no longer stored or erased: what is recorded about them goes from every
+-- user's rows (a row the application moved kept its earlier user's audit). A memory still on
+-- the read path (a request the application misfiled under another user) keeps its own.
+SELECT i.id FROM unnest(CAST(:ids AS uuid[])) AS i(id)
+WHERE NOT EXISTS (SELECT 1 FROM memories m
+                  WHERE m.id = i.id
+                    AND NOT (m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons)))
+
 -- erasure_scrub_actions --
 -- Strip content from the audit and plans of erased memories; ids, action and reason stay. Every
 -- row that names an erased memory loses its preview: a deferred group's preview (no memory_id)
 -- is one of its members' text, whichever member is erased. A forgotten user (:whole_users)
 -- loses it from every row, including rows about memories already gone (purged by retention,
--- deleted by the application) or never created (a dry run's merged record).
+-- deleted by the application) or never created (a dry run's merged record). Rows of other
+-- users lose what they recorded about a memory erased or gone (:gone): it was theirs before
+-- the application moved it — its own rows, the deferred groups and merges naming it.
+WITH hit AS (
+    SELECT a.id FROM gc_actions a
+    WHERE a.user_id = ANY(:owners)
+      AND (a.user_id = ANY(:whole_users) OR a.memory_id = ANY(:ids)
+           OR EXISTS (SELECT 1 FROM unnest(CAST(:id_texts AS text[])) AS i(t)
+                      WHERE strpos(CAST(a.details AS text), i.t) > 0)
+           -- a preview or merged text stating erased content, which no id names (an exact
+           -- twin the application deleted: its row is gone): its hash is a new tombstone's,
+           -- which only rows of the tombstone's user can match. A stored row's own audit stays
+           -- as it is (it is erased by id if it states the content; restore reads its record)
+           OR (a.user_id = ANY(:hash_owners)
+               AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = a.memory_id)
+               AND (memory_gc_content_hash(a.user_id, a.content_preview) = ANY(:hashes)
+                    OR memory_gc_content_hash(a.user_id, a.details -> 'record' ->> 'content')
+                       = ANY(:hashes))))
+    UNION
+    SELECT a.id FROM gc_actions a WHERE a.memory_id = ANY(:gone)  -- gc_actions_memory_idx
+    UNION  -- gc_actions_group_members_idx (migration 0007)
+    SELECT a.id FROM gc_actions a
+    WHERE a.memory_id IS NULL AND a.content_preview IS NOT NULL
+      AND a.details -> 'memory_ids' ?| CAST(:gone_texts AS text[])
+    UNION  -- gc_actions_created_sources_idx (migration 0009)
+    SELECT a.id FROM gc_actions a
+    WHERE a.action = 'create_merged' AND a.details -> 'sources' ?| CAST(:gone_texts AS text[])
+)
 UPDATE gc_actions a
 SET content_preview = NULL,
     details = coalesce((SELECT jsonb_object_agg(d.key, d.value)
@@ -97,26 +133,17 @@ SET content_preview = NULL,
                  THEN (SELECT jsonb_object_agg(p.key, p.value) FROM jsonb_each(a.prior) AS p
                        WHERE p.key = ANY(:keep_prior))
             END
-WHERE a.user_id = ANY(:owners)
-  AND (a.user_id = ANY(:whole_users) OR a.memory_id = ANY(:ids)
-       OR EXISTS (SELECT 1 FROM unnest(CAST(:id_texts AS text[])) AS i(t)
-                  WHERE strpos(CAST(a.details AS text), i.t) > 0)
-       -- a preview or merged text stating erased content, which no id names (an exact twin
-       -- the application deleted: its row is gone): its hash is a new tombstone's, which only
-       -- rows of the tombstone's user can match. A stored row's own audit stays as it is (it
-       -- is erased by id if it states the content; restore reads its record)
-       OR (a.user_id = ANY(:hash_owners)
-           AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = a.memory_id)
-           AND (memory_gc_content_hash(a.user_id, a.content_preview) = ANY(:hashes)
-                OR memory_gc_content_hash(a.user_id, a.details -> 'record' ->> 'content')
-                   = ANY(:hashes))))
+FROM hit
+WHERE a.id = hit.id
 RETURNING a.id
 
 -- erasure_drop_llm_cache --
--- Forget cached LLM decisions taken on erased memories, and every one of a forgotten user; only
--- ever the erasing users' own.
+-- Forget cached LLM decisions taken on erased memories, and every one of a forgotten user: the
+-- erasing users' own, and any user's about a memory erased or gone (:gone).
 DELETE FROM gc_llm_cache
-WHERE user_id = ANY(:owners) AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users))
+WHERE (user_id = ANY(:owners)
+       AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users)))
+   OR memory_ids && CAST(:gone AS uuid[])
 RETURNING key
 
 -- erasure_drop_llm_cache_by_content --
@@ -135,22 +162,29 @@ RETURNING key
 -- erasure_trim_dismissals --
 -- A merge a restore undid keeps its other members apart, and restored scores keep the other
 -- rows unscored: the erased ids leave the set, which stays while two or more remain (one, for
--- scores; erasure_drop_reviews drops the others).
-UPDATE gc_review_items
-SET memory_ids = ARRAY(SELECT unnest(memory_ids) EXCEPT SELECT unnest(CAST(:ids AS uuid[])))
-WHERE user_id = ANY(:owners) AND NOT user_id = ANY(:whole_users)
-  AND kind IN ('compaction', 'importance') AND status = 'resolved' AND reason = 'restored'
-  AND memory_ids && CAST(:ids AS uuid[])
-  AND cardinality(ARRAY(SELECT unnest(memory_ids)
-                        EXCEPT SELECT unnest(CAST(:ids AS uuid[]))))
-      >= CASE kind WHEN 'importance' THEN 1 ELSE 2 END
-RETURNING id
+-- scores; erasure_drop_reviews drops the others). Another user's set (the application moved a
+-- row after the restore) loses the ids of memories erased or gone (:gone).
+UPDATE gc_review_items r
+SET memory_ids = ARRAY(SELECT unnest(r.memory_ids) EXCEPT SELECT unnest(e.ids))
+FROM (SELECT r2.id, CASE WHEN r2.user_id = ANY(:owners) THEN CAST(:ids AS uuid[])
+                         ELSE CAST(:gone AS uuid[]) END AS ids
+      FROM gc_review_items r2
+      WHERE r2.memory_ids && CAST(:ids AS uuid[])) AS e
+WHERE r.id = e.id AND NOT r.user_id = ANY(:whole_users)
+  AND r.kind IN ('compaction', 'importance') AND r.status = 'resolved'
+  AND r.reason = 'restored' AND r.memory_ids && e.ids
+  AND cardinality(ARRAY(SELECT unnest(r.memory_ids) EXCEPT SELECT unnest(e.ids)))
+      >= CASE r.kind WHEN 'importance' THEN 1 ELSE 2 END
+RETURNING r.id
 
 -- erasure_drop_reviews --
 -- Drop review items that name an erased memory (the question is moot, the content must go),
--- and every one of a forgotten user; only ever the erasing users' own.
+-- and every one of a forgotten user: the erasing users' own, and any user's naming a memory
+-- erased or gone (:gone).
 DELETE FROM gc_review_items
-WHERE user_id = ANY(:owners) AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users))
+WHERE (user_id = ANY(:owners)
+       AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users)))
+   OR memory_ids && CAST(:gone AS uuid[])
 RETURNING id
 
 -- erasure_complete_requests --
@@ -335,6 +369,20 @@ SELECT 'gc_actions', 'details', CAST(a.id AS text)
 FROM gc_actions a, done
 WHERE a.user_id = :user_id AND a.recorded_at <= done.at
   AND (a.content_preview IS NOT NULL OR NOT (a.details ? 'scrubbed'))
+
+-- erasure_audit_kept --
+-- Audit and plan rows, of any user, still holding text about a memory erased or gone (:gone):
+-- a preview, or details beyond ids and codes. Under another user than the request's, the
+-- content hash (salted with the user) cannot recognise it: the application moved the memory.
+SELECT CAST(a.id AS text) AS row_key,
+       CASE WHEN a.content_preview IS NOT NULL THEN 'content_preview' ELSE 'details' END
+           AS column_name
+FROM gc_actions a
+WHERE a.memory_id = ANY(:gone)
+  AND (a.content_preview IS NOT NULL
+       OR (jsonb_typeof(a.details) = 'object'
+           AND EXISTS (SELECT 1 FROM jsonb_object_keys(a.details) AS k
+                       WHERE k <> ALL(:keep_details) AND k <> 'scrubbed')))
 
 -- erasure_user_traces --
 -- Whether the worker's own tables still hold anything a whole-user scrub would remove (for a
