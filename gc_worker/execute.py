@@ -116,7 +116,10 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
     - ``details.user_active`` (user_cap): the user's active rows when the evictions were
       chosen; fewer now (the application deleted some) and evicting as planned would take the
       user below the cap;
-    - a link made since planning that a merge rests on (``_merges_on_declared_rows``).
+    - a link made since planning that a merge rests on (``_merges_on_declared_rows``);
+    - a planned action an erasure scrubbed since (``details.scrubbed``): it named an erased
+      memory or a forgotten user, and its details were cut to ids and codes, premises with
+      them (an obsolete for a newer fact since erased would otherwise apply unchecked).
     """
     # a copy: a row lock_rows skipped (the application holds it) stays drifted for its own
     # action even when lock_dependencies can share-lock it as another action's premise
@@ -135,6 +138,7 @@ def broken_premises(conn: Connection, actions: Sequence[Action], versions: Versi
             if any(known.of(a, dep) != v for dep, v in _premises(a).items())
             or active.get(a.user_id, 0) < a.details.get("user_active", 0)
         }
+        | {id(a) for a in actions if a.details.get("scrubbed")}
         | _merges_on_declared_rows(conn, actions)
         | _about_changed_rows(conn, actions)
         | _dismissed_since(conn, actions)

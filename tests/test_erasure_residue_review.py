@@ -14,7 +14,7 @@ from gc_worker import engine as gc_engine
 from gc_worker import erasure
 from gc_worker.actions import Action, Kind
 from gc_worker.verify_erasure import verify
-from tests.store import NOW, add, days_ago, get, run, status
+from tests.store import NOW, add, city_pair, days_ago, get, run, status
 from tests.test_erasure_helpers import apply_actions, merge, requests, tombstones
 
 DAY = timedelta(days=1)
@@ -254,6 +254,33 @@ def test_a_stale_plan_does_not_queue_a_review_about_a_forgotten_user(engine, set
         ).scalar_one()
     assert items == 0 and drifted == 1
     assert verify(engine, now=NOW, user_id="u1").residues == []
+
+
+@pytest.mark.parametrize("purge_now", [False, True])
+def test_a_stale_plan_does_not_retire_a_fact_in_favour_of_an_erased_one(
+    engine, settings, purge_now
+):
+    """A plan obsoletes "Lives in Paris" for the newer "Lives in Berlin" (details.depends_on:
+    Berlin's version). The user then asks to forget Berlin. Found by a review: the scrub cut
+    the planned row's details to ids and codes, `depends_on` with them, so applying the plan
+    retired Paris, superseded by the erased (or purged) row, and the user had no city left. A
+    planned action the scrub reached now drifts."""
+    paris, berlin = city_pair(engine)
+    plan = run(engine, settings, jobs=["contradiction"], dry_run=True)
+    assert [(a["action"], a["memory_id"]) for a in plan["actions"]] == [("obsolete", str(paris))]
+    erasure.forget(engine, settings, now=NOW, memory_id=berlin, purge_now=purge_now)
+    if not purge_now:
+        run(engine, settings, jobs=["erasure"])
+        assert erased(engine, berlin)
+    applied = gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+    row = get(engine, paris)
+    assert (row["status"], row["superseded_by"]) == ("active", None)
+    with engine.connect() as conn:
+        outcome = conn.execute(
+            sa.text("SELECT outcome FROM gc_actions WHERE run_id = :r AND memory_id = :m"),
+            {"r": applied, "m": paris},
+        )
+        assert outcome.scalar_one() == "drifted"
 
 
 def chain(engine: sa.Engine, *, middle_user: str = "u1") -> tuple[UUID, UUID, UUID]:
