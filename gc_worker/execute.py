@@ -187,7 +187,10 @@ def _about_changed_rows(conn: Connection, actions: Sequence[Action]) -> set[int]
     naming a row that is gone, erased since planning (purged or not) or now another user's: a
     stale plan applied after a "forget me" would otherwise queue the erased ids for review
     again, and a question about two users' rows must never be asked (its resolution would
-    obsolete one user's memory in favour of another's)."""
+    obsolete one user's memory in favour of another's). And reviews a stale plan would ask
+    again: a row it names is no longer active (a person resolved the question, `--keep`), or
+    the same set has an open review or one a person dismissed — what planning leaves alone
+    (contradiction_blocked_pairs)."""
     named = {
         id(a): (a.user_id, ({UUID(str(m)) for m in a.details.get("memory_ids", ())}
                             | {a.memory_id}) - {None})
@@ -199,10 +202,18 @@ def _about_changed_rows(conn: Connection, actions: Sequence[Action]) -> set[int]
         return set()
     params = {"ids": list(ids), "erasure_reasons": list(ERASURE_REASONS)}
     state = {row.id: row for row in conn.execute(q("named_rows_state"), params)}
+    reviews = {id(a) for a in actions if a.action is Kind.REVIEW}
+    users = sorted({user for key, (user, _) in named.items() if key in reviews})
+    blocked = conn.execute(q("contradiction_blocked_pairs"), {"users": users}) if users else ()
+    asked = {(row.user_id, frozenset(row.memory_ids)) for row in blocked}
     return {
         key
         for key, (user, rows) in named.items()
         if any(state[m].erased or state[m].user_id != user for m in rows)
+        or (
+            key in reviews
+            and ((user, frozenset(rows)) in asked or any(state[m].status != "active" for m in rows))
+        )
     }
 
 

@@ -166,9 +166,9 @@ WHERE m.id = ANY(:ids) AND EXISTS (
       AND (r.kind = 'user' OR r.memory_id = m.id))
 
 -- named_rows_state --
--- The rows reviews and deferred groups name: their owner now (NULL: gone) and whether they were
--- erased since planning, purged or not (a tombstone).
-SELECT t.id, m.user_id,
+-- The rows reviews and deferred groups name: their owner and status now (NULL: gone) and
+-- whether they were erased since planning, purged or not (a tombstone).
+SELECT t.id, m.user_id, m.status,
        coalesce(m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons), false)
        OR EXISTS (SELECT 1 FROM gc_erasure_tombstones g WHERE g.memory_id = t.id) AS erased
 FROM unnest(CAST(:ids AS uuid[])) AS t(id) LEFT JOIN memories m ON m.id = t.id
