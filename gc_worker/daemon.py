@@ -196,8 +196,9 @@ class Daemon:
     def resume_orphans(self) -> list[UUID]:
         """Join nightly runs left ``running`` by daemons that died; returns the runs joined.
         One nightly run at a time per daemon: while this daemon's nightly work is under way,
-        orphans wait for a later upkeep. The apply of a plan now too old is closed, not
-        finished (as `apply` would refuse it)."""
+        orphans wait for a later upkeep. A run now too old (the apply of a plan `apply` would
+        refuse, a run whose instant is as far behind) or made with settings this version
+        refuses is closed, not finished (scheduler.close_unresumable)."""
         if not self._nightly.acquire(blocking=False):
             return []
         try:
@@ -205,8 +206,8 @@ class Daemon:
             for run_id in self._orphaned_runs():
                 if self.stopping():
                     break
-                if scheduler.close_stale_apply(
-                    self.engine, run_id, self.settings.plan_age_limit_hours
+                if scheduler.close_unresumable(
+                    self.engine, run_id, self.settings.plan_age_limit_hours, self.clock()
                 ):
                     continue
                 log.info("gc.schedule.resuming", run_id=str(run_id))
@@ -363,10 +364,18 @@ class Daemon:
         # completed and closes the request
 
     def _sweep_run(self, claim: sweeps.SweepClaim) -> UUID:
+        """The run of a claimed sweep: the one an earlier daemon started for it (handed back at
+        a stop) unless it is too old to finish, else a new one."""
         if claim.run_id is not None:
             with self.engine.connect() as conn:
-                if load_run(conn, claim.run_id)["status"] in ("running", "completed"):
-                    return claim.run_id
+                status = load_run(conn, claim.run_id)["status"]
+            if status == "completed" or (
+                status == "running"
+                and not scheduler.close_unresumable(
+                    self.engine, claim.run_id, self.settings.plan_age_limit_hours, self.clock()
+                )
+            ):
+                return claim.run_id
         request = RunRequest(
             mode="dry_run" if claim.dry_run else "apply", now=self.clock(),
             users=(claim.user_id,), jobs=resolve_jobs([], self.settings), trigger=SWEEP_TRIGGER,

@@ -41,6 +41,7 @@ from gc_worker.engine import (
     check_plan_age,
     load_run,
     resolve_jobs,
+    settings_of,
     start_run,
 )
 from gc_worker.errors import ConfigError, UsageError
@@ -217,22 +218,43 @@ def apply_run_of(
         yield run_id
 
 
-def close_stale_apply(engine: Engine, run_id: UUID, max_age_hours: float) -> bool:
-    """If ``run_id`` applies a plan now older than ``max_age_hours``, mark it failed with the
-    reason (what it applied stays; the rest would carry the plan's old instant) and say so."""
+def close_unresumable(engine: Engine, run_id: UUID, max_age_hours: float, now: datetime) -> bool:
+    """If the orphaned ``run_id`` must not be finished, mark it failed with the reason (what its
+    committed batches did stays) and say so:
+
+    - the apply of a plan now older than ``max_age_hours``, or a run whose instant is more than
+      ``max_age_hours`` behind ``now`` (the daemon's clock; the replicas were scaled to zero for
+      weeks, say): what it changes would carry that instant — soft deletes stamped weeks back,
+      so the retention window would be spent before anyone could restore them;
+    - a run made with settings this version refuses (a newer release's, before a rollback):
+      it could never be resumed, and would stand before the orphans after it at every upkeep.
+    """
     with transaction(engine) as conn:
         run = load_run(conn, run_id)
-        if run["plan_run_id"] is None:
-            return False
         try:
-            check_plan_age(conn, load_run(conn, run["plan_run_id"]), max_age_hours)
+            settings_of(run)
+            if run["plan_run_id"] is not None:
+                check_plan_age(conn, load_run(conn, run["plan_run_id"]), max_age_hours)
+            else:
+                _check_run_age(run, max_age_hours, now)
         except UsageError as exc:  # failed only if still nobody's (another replica may have
             # taken it up meanwhile: it is left to it); not resumed here either way
             params = {"run_id": run_id, "error": str(exc), "own_pids": []}
             if conn.execute(q("fail_run_if_alone"), params).first() is not None:
-                log.warning("gc.schedule.apply_too_old", run_id=str(run_id), error=str(exc))
+                log.warning("gc.schedule.run_not_resumed", run_id=str(run_id), error=str(exc))
             return True
     return False
+
+
+def _check_run_age(run: dict[str, Any], max_age_hours: float, now: datetime) -> None:
+    age = (now - run["now"]).total_seconds() / 3600
+    if age > max_age_hours:
+        raise UsageError(
+            f"run {run['id']} was made for {run['now']:%Y-%m-%d %H:%M} UTC, {age:.0f} hours "
+            f"ago, more than run.max_plan_age_hours = {max_age_hours:g}: resumed now, its "
+            "changes would carry that instant (retention would count from then). It is closed; "
+            "the next nightly run starts afresh"
+        )
 
 
 def reject_stale_plans(engine: Engine, max_age_hours: float) -> list[UUID]:

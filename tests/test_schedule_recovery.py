@@ -166,10 +166,10 @@ class TestStaleApplyIsNotResumed:
         execute(engine, "UPDATE gc_runs SET finished_at = finished_at - interval '80 hours'"
                         " WHERE id = :p", p=plan_id)  # fmt: skip
         with participating(engine, apply_id):  # the other replica works it
-            assert scheduler.close_stale_apply(engine, apply_id, 72) is True
+            assert scheduler.close_unresumable(engine, apply_id, 72, SLOT) is True
         with engine.connect() as conn:
             assert gc_engine.load_run(conn, apply_id)["status"] == "running"
-        assert scheduler.close_stale_apply(engine, apply_id, 72) is True  # an orphan now
+        assert scheduler.close_unresumable(engine, apply_id, 72, SLOT) is True  # an orphan now
         with engine.connect() as conn:
             assert gc_engine.load_run(conn, apply_id)["status"] == "failed"
 

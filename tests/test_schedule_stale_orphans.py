@@ -1,0 +1,155 @@
+"""Orphaned nightly runs the daemon must close rather than finish. Found by a review:
+
+- a run left `running` (its replicas scaled to zero after the first batch) was resumed weeks
+  later with its own instant: what it retired then was stamped as retired weeks back, so the
+  next night purged it past `hard_delete.retention_days` with no restore window left; a
+  `plan_then_apply` plan resumed that way finished late, looked fresh to
+  `run.max_plan_age_hours` (measured from its end) and was applied;
+- a run made with settings this version refuses (a newer release's, before a rollback) failed
+  every upkeep and stood before the orphans after it for ever."""
+
+from __future__ import annotations
+
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+import pytest
+
+import jobs.ttl_expiry as ttl
+from gc_worker import engine as gc_engine
+from gc_worker.daemon import Daemon
+from gc_worker.errors import UsageError
+from tests.store import execute, run
+from tests.test_schedule import SLOT, runs, seed, with_schedule
+
+
+def one_at_a_time(settings):
+    return settings.model_copy(
+        update={"run": settings.run.model_copy(update={"batch_users": 1, "workers": 1})}
+    )
+
+
+def stopped_after_one_batch(engine, settings, monkeypatch, at: datetime) -> UUID:
+    """A nightly run whose daemon is stopped (SIGTERM) during its first batch: left running."""
+    daemon = Daemon(engine, settings, clock=lambda: at)
+    real, seen = ttl.plan, []
+
+    def plan(ctx):
+        seen.append(1)
+        if len(seen) == 1:
+            daemon.request_stop()
+        return real(ctx)
+
+    monkeypatch.setattr(ttl, "plan", plan)
+    with closing(daemon):
+        daemon.nightly()
+    monkeypatch.undo()
+    night = runs(engine)[-1]
+    assert night["status"] == "running"
+    return night["id"]
+
+
+def retired(engine) -> list:
+    return execute(engine, "SELECT id, deleted_at FROM memories WHERE status = 'deleted'").all()
+
+
+def test_a_run_weeks_old_is_closed_and_the_next_night_starts_afresh(engine, settings, monkeypatch):
+    seed(engine, users=3)  # each user: one expired row (ttl_expiry retires it), one fresh
+    settings = one_at_a_time(settings)
+    orphan = stopped_after_one_batch(engine, settings, monkeypatch, SLOT + timedelta(minutes=1))
+    assert len(retired(engine)) == 1
+    back = SLOT + timedelta(days=40, hours=7)  # scaled up again, 40 days later, no slot due
+    with closing(Daemon(engine, settings, clock=lambda: back)) as daemon:
+        daemon.upkeep()
+        assert daemon.failures == 0
+    (closed,) = runs(engine)
+    assert (closed["id"], closed["status"]) == (orphan, "failed")
+    assert "more than run.max_plan_age_hours = 72" in closed["error"]
+    assert len(retired(engine)) == 1  # nothing stamped with the old instant
+    night = SLOT + timedelta(days=41, minutes=1)
+    with closing(Daemon(engine, settings, clock=lambda: night)) as daemon:
+        daemon.nightly()
+    # the other two users' rows retired with this night's instant; the first batch's, retired
+    # 41 days ago, purged after its 30 days
+    assert [deleted_at for _, deleted_at in retired(engine)] == [SLOT + timedelta(days=41)] * 2
+
+
+def test_a_run_within_the_limit_is_still_finished(engine, settings, monkeypatch):
+    seed(engine, users=3)
+    settings = one_at_a_time(settings)
+    orphan = stopped_after_one_batch(engine, settings, monkeypatch, SLOT + timedelta(minutes=1))
+    with closing(Daemon(engine, settings, clock=lambda: SLOT + timedelta(hours=70))) as daemon:
+        assert daemon.resume_orphans() == [orphan]
+    assert runs(engine)[0]["status"] == "completed" and len(retired(engine)) == 3
+
+
+def test_a_plan_resumed_weeks_later_is_never_applied(engine, settings, monkeypatch):
+    """plan_then_apply, on the server's clock (which measures the review delay)."""
+    seed(engine, users=3)
+    settings = with_schedule(one_at_a_time(settings), mode="plan_then_apply",
+                             apply_delay_minutes=60)  # fmt: skip
+    today = datetime.now(UTC)
+    slot = today.replace(hour=3, minute=0, second=0, microsecond=0) - timedelta(days=40)
+    stopped_after_one_batch(engine, settings, monkeypatch, slot + timedelta(minutes=1))
+    with closing(Daemon(engine, settings, clock=lambda: today)) as daemon:
+        assert daemon.resume_orphans() == []
+    later = today + timedelta(minutes=61)
+    with closing(Daemon(engine, settings, clock=lambda: later)) as daemon:
+        assert daemon.apply_due_plans() == []
+    assert [(r["mode"], r["status"]) for r in runs(engine)] == [("dry_run", "failed")]
+    assert retired(engine) == []
+
+
+def test_a_plan_is_as_old_as_its_start(engine, settings):
+    """A plan that began 80 hours ago and finished a minute ago is 80 hours old."""
+    seed(engine, users=1)
+    plan = run(engine, settings, dry_run=True)
+    execute(engine, "UPDATE gc_runs SET started_at = clock_timestamp() - interval '80 hours'"
+                    " WHERE id = :id", id=plan["run_id"])  # fmt: skip
+    with pytest.raises(UsageError, match="a plan made 80 hours ago"):
+        gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+
+
+def test_a_run_whose_settings_are_refused_does_not_block_the_others(engine, settings, monkeypatch):
+    seed(engine, users=4)
+    settings = one_at_a_time(settings)
+    first = stopped_after_one_batch(engine, settings, monkeypatch, SLOT + timedelta(minutes=1))
+    second = stopped_after_one_batch(
+        engine, settings, monkeypatch, SLOT + timedelta(days=1, minutes=1)
+    )
+    # the first was made by a newer release with an option this one does not know
+    execute(engine, "UPDATE gc_runs SET settings = jsonb_set(settings, '{run,new_option}', 'true')"
+                    " WHERE id = :id", id=first)  # fmt: skip
+    at = SLOT + timedelta(days=1, hours=7)
+    with closing(Daemon(engine, settings, clock=lambda: at)) as daemon:
+        daemon.upkeep()
+        daemon.upkeep()
+        assert daemon.failures == 0
+    by_id = {r["id"]: r for r in runs(engine)}
+    assert by_id[first]["status"] == "failed"
+    assert "run.new_option" in by_id[first]["error"]
+    assert by_id[second]["status"] == "completed"
+
+
+def test_a_sweep_handed_back_weeks_ago_gets_a_new_run(engine, settings):
+    """A daemon stopped before its sweep's batch hands the request back with its run; a daemon
+    claiming it 40 days later closes that run and sweeps with a run of its own instant."""
+    from gc_worker import sweeps
+    from tests.test_schedule_sweeps import NOON, expired
+
+    row = expired(engine, "alice")
+    request_id = sweeps.request_sweep(engine, "alice")
+    with closing(Daemon(engine, settings, clock=lambda: NOON)) as stopped:
+        stopped.request_stop()
+        stopped.sweep_next()
+    old_run = sweeps.get_sweep(engine, request_id)["run_id"]
+    later = NOON + timedelta(days=40)
+    with closing(Daemon(engine, settings, clock=lambda: later)) as daemon:
+        assert daemon.sweep_next() is True
+    done = sweeps.get_sweep(engine, request_id)
+    assert done["status"] == "done" and done["run_id"] != old_run
+    by_id = {r["id"]: r for r in runs(engine)}
+    assert by_id[old_run]["status"] == "failed" and by_id[done["run_id"]]["now"] == later
+    deleted_at = execute(engine, "SELECT deleted_at FROM memories WHERE id = :id", id=row)
+    assert deleted_at.scalar_one() == later
