@@ -146,12 +146,22 @@ def crontab_weekdays(field: str) -> str:
     return ",".join(dict.fromkeys(parts))
 
 
+DST_MARGIN = timedelta(hours=3)  # more than any zone's clock change (Antarctica/Troll: 2 h)
+
+
 def due_slot(trigger: BaseTrigger, now: datetime, grace_seconds: float) -> datetime | None:
-    """The latest fire time in ``[now - grace, now]``, or None: missed earlier ones coalesce."""
-    fire = trigger.get_next_fire_time(None, now - timedelta(seconds=grace_seconds))
+    """The latest fire time in ``[now - grace, now]``, or None: missed earlier ones coalesce.
+
+    The search starts ``DST_MARGIN`` before the window: a fixed time in the hour that clocks
+    skip (02:30 in Europe/Berlin on the last Sunday of March) fires at that wall time plus the
+    jump (01:30 UTC), which a search from a later wall time (02:40 UTC = 04:40, past 02:30)
+    no longer finds: the slot was due for 30 minutes instead of the grace."""
+    earliest = now - timedelta(seconds=grace_seconds)
+    fire = trigger.get_next_fire_time(None, earliest - DST_MARGIN)
     latest = None
     while fire is not None and fire <= now:
-        latest = fire
+        if fire >= earliest:
+            latest = fire
         # from the next second in UTC: in the hour that repeats, the local wall clock (and
         # APScheduler's `previous + 1 µs`) goes back to the first pass, and found this again
         fire = trigger.get_next_fire_time(None, fire.astimezone(UTC) + timedelta(seconds=1))

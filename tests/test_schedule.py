@@ -147,6 +147,21 @@ class TestNightlyTrigger:
         due = within(5, scheduler.due_slot, hourly, now, 3600)
         assert due.astimezone(UTC) == datetime(2026, 10, 25, 1, 40, tzinfo=UTC)
 
+    def test_a_fixed_time_in_the_skipped_hour_is_due_for_the_whole_grace(self):
+        """02:30 does not happen in Berlin on 29 March 2026 (02:00 jumps to 03:00): the slot
+        fires at 01:30 UTC. Found by a review: a search from a later wall time (past 02:30)
+        missed it, so it was due for 30 minutes, not the hour of grace — a daemon that could
+        not reach the database at 01:30 had that long to catch up."""
+        fixed = scheduler.nightly_trigger(
+            ScheduleSettings(cron="30 2 * * *", timezone="Europe/Berlin")
+        )
+        fire = datetime(2026, 3, 29, 1, 30, tzinfo=UTC)
+        for late in (0, 31, 59, 60):
+            due = scheduler.due_slot(fixed, fire + timedelta(minutes=late), 3600)
+            assert due is not None and due.astimezone(UTC) == fire, late
+        assert scheduler.due_slot(fixed, fire + timedelta(minutes=61), 3600) is None
+        assert scheduler.due_slot(fixed, fire - timedelta(minutes=1), 3600) is None
+
     @pytest.mark.parametrize(
         ("cron", "timezone"), [("0 3 * *", "UTC"), ("0 27 * * *", "UTC"), ("0 3 * * *", "Mars/X")]
     )
