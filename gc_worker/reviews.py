@@ -5,7 +5,8 @@ than the loser, the loser is pinned, or the LLM was unsure. ``list_reviews`` rea
 ``resolve_review`` closes one item with one of three decisions:
 
 - ``keep=M``: M stays; every other member of the item becomes obsolete (superseded_by M);
-- ``obsolete=M``: M becomes obsolete (superseded_by the other member, if there is one);
+- ``obsolete=M``: M becomes obsolete (superseded_by the other member, if there is one: refused
+  when that member is no longer active, as ``keep`` of it is);
 - ``dismiss=True``: nothing changes, and the contradiction job leaves that set alone from now on.
 
 ``lift_dismissal`` takes a dismissal back — a person's ``--dismiss``, or one a restore recorded
@@ -167,8 +168,15 @@ def _sides(
             raise UsageError(f"memory {keep} to keep is no longer active; use --dismiss")
     else:
         losers = [obsolete]  # type: ignore[list-item]
-        others = [rows.get(m) for m in memory_ids if m != obsolete]
-        winner = others[0] if len(others) == 1 else None
+        others = [m for m in memory_ids if m != obsolete]
+        winner = rows.get(others[0]) if len(others) == 1 else None
+        # M would be superseded by a row that no longer holds: its window closed at a dead
+        # row's start, the slot left with no current value — the same refusal as --keep
+        if len(others) == 1 and (winner is None or winner.status != "active"):
+            raise UsageError(
+                f"memory {others[0]} that would supersede {obsolete} is no longer active; "
+                "use --dismiss"
+            )
     for memory_id in losers:
         _check_changeable(rows.get(memory_id), memory_id)
     return winner, losers

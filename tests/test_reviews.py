@@ -129,6 +129,25 @@ class TestResolve:
             resolve_review(engine, review_id, obsolete=pinned)
         assert resolve_review(engine, review_id, dismiss=True).decision == "dismiss"
 
+    @pytest.mark.parametrize("retired", ["deleted", "obsolete"])
+    def test_obsolete_in_favour_of_a_retired_member_is_refused(
+        self, engine, settings, cli_env, capsys, retired
+    ):
+        """--obsolete M whose other member was retired since is refused like --keep of it
+        (exit 2, nothing changed, --dismiss suggested): it used to close M's window at the dead
+        row's start, leaving the slot with no current value."""
+        said, inferred = seed_conflict(engine)
+        review_id = queue(engine, settings)
+        execute(engine, "UPDATE memories SET status = :s WHERE id = :id", s=retired, id=inferred)
+        before = snapshot(engine)
+        with pytest.raises(UsageError, match=f"{inferred} that would supersede .* no longer act"):
+            resolve_review(engine, review_id, obsolete=said, now=NOW)
+        assert main(["reviews", "resolve", str(review_id), "--obsolete", str(said)]) == 2
+        assert "use --dismiss" in capsys.readouterr().err
+        assert snapshot(engine) == before and status(engine, said) == "active"
+        with engine.connect() as conn:
+            assert [item.id for item in list_reviews(conn)] == [review_id]  # still open
+
 
 class TestNoReviewSpansTwoUsers:
     """A row a review names that moves to another user (the application changes its user_id)
