@@ -110,6 +110,17 @@ def positive_int(value: str) -> int:
     return number
 
 
+def user_id_arg(value: str) -> str:
+    """argparse type: a user id as given, refused when it holds a NUL byte — PostgreSQL text
+    cannot store one, so no stored user has it, and the server would fail the command (exit 1)
+    instead of naming the argument."""
+    if "\x00" in value:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} contains a NUL byte (\\x00), which no stored user id can hold; check the id"
+        )
+    return value
+
+
 def parse_uuid(value: str, what: str) -> UUID:
     try:
         return UUID(value)

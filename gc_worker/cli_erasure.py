@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gc_worker.cli import Context, parse_now, parse_uuid
+from gc_worker.cli import Context, parse_now, parse_uuid, user_id_arg
 
 
 def register(sub: Any) -> None:
@@ -17,7 +17,7 @@ def register(sub: Any) -> None:
     user = sub.add_parser(
         "forget-user", help="erase every memory of a user", description=cmd_forget_user.__doc__
     )
-    user.add_argument("user_id")
+    user.add_argument("user_id", type=user_id_arg)
     _common(user, cmd_forget_user)
     memory = sub.add_parser(
         "forget", help="erase one memory (with what it was made from and what was derived from it)",
@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
         description=cmd_verify.__doc__,
     )  # fmt: skip
     target = check.add_mutually_exclusive_group(required=True)
-    target.add_argument("user_id", nargs="?")
+    target.add_argument("user_id", nargs="?", type=user_id_arg)
     target.add_argument("--memory", dest="memory_id", metavar="ID")
     check.add_argument(
         "--all-tables", action="store_true", help="scan every table of the schema, not only gc_*"

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from gc_worker import reviews
-from gc_worker.cli import Context, parse_now, parse_uuid, positive_int
+from gc_worker.cli import Context, parse_now, parse_uuid, positive_int, user_id_arg
 from gc_worker.errors import UsageError
 from gc_worker.render import printable
 
@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
     )
     commands = parser.add_subparsers(dest="reviews_command", required=True)
     listing = commands.add_parser("list", help="list review items, newest first")
-    listing.add_argument("--user", metavar="ID", help="only this user's items")
+    listing.add_argument("--user", metavar="ID", type=user_id_arg, help="only this user's items")
     listing.add_argument("--status", choices=("open", "resolved", "all"), default="open")
     listing.add_argument("--limit", type=positive_int, default=100)
     listing.add_argument("--json", action="store_true", help="machine-readable output")

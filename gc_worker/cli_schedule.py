@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from gc_worker.cli import Context, not_ahead, parse_now, parse_uuid
+from gc_worker.cli import Context, not_ahead, parse_now, parse_uuid, user_id_arg
 from gc_worker.errors import UsageError
 
 
@@ -38,7 +38,7 @@ def register(sub: Any) -> None:
                                "sweeps), then exit")  # fmt: skip
     schedule.add_argument("--now", help="with --once-due: fix the clock (ISO 8601 with timezone)")
     sweep = _add(sub, "request-sweep", cmd_request_sweep, "queue an on-demand sweep of one user")
-    sweep.add_argument("user_id")
+    sweep.add_argument("user_id", type=user_id_arg)
     sweep.add_argument("--dry-run", action="store_true", help="plan and report only")
     reject = _add(sub, "reject", cmd_reject, "reject a nightly plan so it is never applied")
     reject.add_argument("run_id")

@@ -19,6 +19,7 @@ from gc_worker.cli import (
     parse_uuid,
     positive_int,
     progress,
+    user_id_arg,
     write_reports,
 )
 from gc_worker.errors import MemoryGCError, RunFailed, UsageError
@@ -36,8 +37,9 @@ def register(sub: Any) -> None:
     _add(sub, "migrate", cmd_migrate, "create or upgrade the schema")
     run = _add(sub, "run", cmd_run, "one GC run now (plan and apply, or --dry-run)")
     run.add_argument(
-        "--user", action="append", dest="users", metavar="ID", help="only this user (repeatable)"
-    )
+        "--user", action="append", dest="users", metavar="ID", type=user_id_arg,
+        help="only this user (repeatable)",
+    )  # fmt: skip
     run.add_argument(
         "--job", action="append", dest="jobs", metavar="NAME", help="only this job (repeatable)"
     )

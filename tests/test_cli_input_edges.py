@@ -147,3 +147,40 @@ def test_a_metrics_host_without_a_port_exits_2(engine, cli_env, capsys):
     assert code == 2, code
     assert "--metrics-port" in err
     assert run_count(engine) == before
+
+
+# --- user ids ---------------------------------------------------------------------------------
+
+NUL_ID = "a\x00b"
+
+
+def row_counts(engine) -> tuple[int, ...]:
+    """Rows of the tables a command taking a user id writes to (runs, sweeps, erasures)."""
+    with engine.connect() as conn:
+        return tuple(
+            conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
+            for table in ("gc_runs", "gc_sweep_requests", "gc_erasure_requests")
+        )
+
+
+@pytest.mark.parametrize(
+    ("argv", "argument"),
+    [
+        (["reviews", "list", "--user", NUL_ID], "--user"),
+        (["run", "--dry-run", "--now", NOW_ARG, "--user", NUL_ID], "--user"),
+        (["run", "--now", NOW_ARG, "--user", "u1", "--user", NUL_ID], "--user"),
+        (["request-sweep", NUL_ID], "user_id"),
+        (["forget-user", NUL_ID, "--now", NOW_ARG], "user_id"),
+        (["verify-erasure", NUL_ID, "--now", NOW_ARG], "user_id"),
+    ],
+    ids=["reviews-list", "run-dry", "run-apply", "request-sweep", "forget-user", "verify"],
+)
+def test_a_user_id_with_a_nul_byte_exits_2(cli_env, engine, capsys, argv, argument):
+    """A user id containing NUL (`\\x00`), which PostgreSQL text cannot hold, reached the
+    server: "database error: DataError", exit 1. No stored user id can contain one, so it is
+    refused where the arguments are parsed: exit 2 naming the argument, nothing written."""
+    before = row_counts(engine)
+    code, err = cli(argv, capsys)
+    assert code == 2, code
+    assert f"argument {argument}" in err and "NUL" in err and "database error" not in err
+    assert row_counts(engine) == before
