@@ -200,10 +200,10 @@ def _check_report_path(path: Path, option: str = "--report") -> None:
 
 
 def summary_line(report: dict[str, Any]) -> str:
-    by_action = (
-        ", ".join(f"{k} {v}" for k, v in report["totals"]["by_action"].items()) or "nothing to do"
-    )
     drifted = len(report.get("drifted", []))
+    # an apply whose every action drifted had work to do: it was skipped, not absent
+    empty = "nothing applied" if drifted else "nothing to do"
+    by_action = ", ".join(f"{k} {v}" for k, v in report["totals"]["by_action"].items()) or empty
     tail = f"; {drifted} drifted (skipped)" if drifted else ""
     return f"run {report['run_id']} ({report['mode']}, {report['status']}): {by_action}{tail}"
 

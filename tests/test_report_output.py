@@ -9,9 +9,11 @@ import json
 import re
 import resource
 import signal
+from uuid import UUID
 
 from gc_worker import render
 from gc_worker.cli import main
+from gc_worker.commands import summary_line
 from gc_worker.report import build_report
 from tests.store import NOW, add, days_ago, execute, run
 
@@ -147,18 +149,23 @@ def test_a_report_rewritten_keeps_its_permissions_and_leaves_no_temporary_file(t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.md"]
 
 
+def _apply_all_drifted(engine, capsys) -> tuple[UUID, str]:
+    """(the memory, apply's output): a dry run plans to expire a memory; the application edits
+    it before the apply, so the apply skips it (drifted) and applies nothing."""
+    expired = add(engine, "u1", "expired fact", expires_at=days_ago(1))
+    assert main(["run", "--dry-run", "--job", "ttl_expiry", "--now", NOW_ARG]) == 0
+    plan_id = _run_id(capsys.readouterr().out)
+    execute(engine, "UPDATE memories SET content = 'edited by the app' WHERE id = :id",
+            id=expired)  # fmt: skip
+    assert main(["apply", plan_id]) == 0
+    return expired, capsys.readouterr().out
+
+
 class TestOnlyDriftedRun:
     def test_markdown_and_html_do_not_say_nothing_to_do(self, engine, cli_env, capsys):
-        """A dry run plans to expire a memory; the application edits it before the apply, so the
-        apply skips it (drifted). The JSON lists the drifted row; Markdown and HTML claim that
-        no memory needed a change and never name the skipped row."""
-        expired = add(engine, "u1", "expired fact", expires_at=days_ago(1))
-        assert main(["run", "--dry-run", "--job", "ttl_expiry", "--now", NOW_ARG]) == 0
-        plan_id = _run_id(capsys.readouterr().out)
-        execute(engine, "UPDATE memories SET content = 'edited by the app' WHERE id = :id",
-                id=expired)  # fmt: skip
-        assert main(["apply", plan_id]) == 0
-        out = capsys.readouterr().out
+        """An apply whose every action drifted: the JSON lists the drifted row; Markdown and
+        HTML claimed that no memory needed a change and never named the skipped row."""
+        expired, out = _apply_all_drifted(engine, capsys)
         assert "1 drifted" in out  # the summary line knows
         apply_id = _run_id(out)
         with engine.connect() as conn:
@@ -168,6 +175,16 @@ class TestOnlyDriftedRun:
             text = render.render(report, fmt)
             assert render.NOTHING_TO_DO not in text, fmt  # false: a change was needed, skipped
             assert str(expired)[:8] in text, fmt  # the skipped memory is named somewhere
+
+    def test_the_summary_line_does_not_say_nothing_to_do(self, engine, cli_env, capsys):
+        """apply's summary line of the same run said "nothing to do; 1 drifted (skipped)": there
+        was work, skipped. It says nothing was applied; a run with no work at all still says
+        "nothing to do"."""
+        _, out = _apply_all_drifted(engine, capsys)
+        [line] = [line for line in out.splitlines() if line.startswith("run ")]
+        assert line.endswith("(apply, completed): nothing applied; 1 drifted (skipped)"), line
+        idle = {"run_id": "r", "mode": "apply", "status": "completed", "totals": {"by_action": {}}}
+        assert summary_line(idle) == "run r (apply, completed): nothing to do"
 
 
 class TestRestoredApplyRun:
