@@ -299,12 +299,12 @@ class Daemon:
                     on_batch=lambda _: self._batch_committed(run_id, run["trigger"], on_progress),
                 )  # fmt: skip
             except Exception:
-                self.metrics.run_finished(self.engine, run_id)
+                self._count(self.metrics.run_finished, run_id)
                 raise
             finally:
                 self._close_llm(llm)
         if done:
-            self.metrics.run_finished(self.engine, run_id)
+            self._count(self.metrics.run_finished, run_id)
         return done
 
     # -- internals -----------------------------------------------------------------------
@@ -314,7 +314,19 @@ class Daemon:
     ) -> None:
         if on_progress is not None:
             on_progress()
-        self.metrics.batches_committed(self.engine, run_id, trigger)
+        self._count(self.metrics.batches_committed, run_id, trigger)
+
+    def _count(self, update: Callable[..., None], run_id: UUID, *args: Any) -> None:
+        """Update the counters from the database, best-effort: the update comes after the
+        work committed (a batch, inside its run; the run's end), and its read failing (the
+        database blinked) must not fail that work: a nightly run would be marked failed
+        instead of left resumable, a sweep whose changes are applied reported failed. A batch
+        a failed update missed is counted by the next one; a run, not at all."""
+        try:
+            update(self.engine, run_id, *args)
+        except Exception as exc:
+            log.warning("gc.metrics_not_updated", update=update.__name__, run_id=str(run_id),
+                        error=describe_error(exc))  # fmt: skip
 
     def _stop_check(self, on_progress: Callable[[], None] | None) -> Callable[[], bool]:
         if on_progress is None:
@@ -395,7 +407,7 @@ class Daemon:
         if claim.run_id is not None and sweeps.fail_abandoned_run(
             self.engine, claim.run_id, error=f"sweep request {claim.id} {error}"
         ):
-            self.metrics.run_finished(self.engine, claim.run_id)
+            self._count(self.metrics.run_finished, claim.run_id)
 
     def _orphaned_runs(self) -> list[UUID]:
         with self.engine.connect() as conn:

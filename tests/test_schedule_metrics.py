@@ -6,21 +6,25 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx2
 import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
 from gc_worker import daemon as daemon_module
+from gc_worker import metrics as metrics_module
 from gc_worker import sweeps
 from gc_worker.config import LLMSettings, Runtime, Settings
 from gc_worker.daemon import Daemon
 from gc_worker.llm_store import open_run_llm
 from gc_worker.metrics import serve_http
 from tests.store import NOW, add, days_ago, execute
+from tests.test_schedule import runs, seed
 
 SLOT = datetime(2026, 6, 1, 3, 0, tzinfo=UTC)
 BASE_URL = "http://llm.test/v1"
@@ -223,3 +227,68 @@ class TestHealth:
         """Anything else is 404 with a hint."""
         code, body = get(url := endpoint[1] + "/nope")
         assert code == 404 and "/metrics" in body, url
+
+
+def session_ended_in(monkeypatch: pytest.MonkeyPatch, query: str) -> None:
+    """The metrics' first read of ``query`` finds its session ended by the server (57P01, as
+    in a restart or a reaped session), after the work it counts committed."""
+    real, ended = metrics_module.q, []
+
+    def q(name: str) -> sa.TextClause:
+        if name == query and not ended:
+            ended.append(name)
+            return sa.text("SELECT pg_terminate_backend(pg_backend_pid())")
+        return real(name)
+
+    monkeypatch.setattr(metrics_module, "q", q)
+
+
+def not_updated(logs: list[dict]) -> list[str]:
+    """The updates logged as skipped."""
+    return [e["update"] for e in logs if e["event"] == "gc.metrics_not_updated"]
+
+
+class TestMetricsAreBestEffort:
+    @pytest.mark.parametrize(
+        ("query", "update"),
+        [("batch_action_counts", "batches_committed"), ("run_outcome", "run_finished")],
+    )
+    def test_a_failed_metrics_read_does_not_fail_the_nightly_run(
+        self, engine, settings, monkeypatch, query, update
+    ):
+        """A metrics read that loses its session after a batch (or the run) committed is
+        logged and skipped: the run goes on and completes, the unit does not fail, and a batch
+        the read missed is counted by the next one."""
+        seed(engine, users=3)
+        settings = settings.model_copy(
+            update={"run": settings.run.model_copy(update={"batch_users": 1, "workers": 1})}
+        )
+        session_ended_in(monkeypatch, query)
+        daemon = Daemon(engine, settings, clock=lambda: SLOT + timedelta(minutes=1))
+        with closing(daemon) as d, capture_logs() as logs:
+            d.attempt(d.nightly)
+        (night,) = runs(engine)
+        assert (night["status"], night["error"], d.failures) == ("completed", None, 0)
+        assert (
+            execute(engine, "SELECT count(*) FROM memories WHERE status = 'deleted'").scalar() == 3
+        )
+        assert not_updated(logs) == [update]
+        assert d.metrics.batches.labels("nightly")._value.get() == 3
+
+    @pytest.mark.parametrize("query", ["batch_action_counts", "run_outcome"])
+    def test_a_sweep_whose_metrics_read_failed_is_done(self, engine, settings, monkeypatch, query):
+        """The sweep's batch committed, then a metrics read lost its session: the request
+        ends done (its changes are applied), not failed."""
+        seed(engine, users=1)
+        session_ended_in(monkeypatch, query)
+        request_id = sweeps.request_sweep(engine, "user-000")
+        daemon = Daemon(engine, settings, clock=lambda: SLOT + timedelta(minutes=1))
+        with closing(daemon) as d, capture_logs() as logs:
+            d.attempt(d.sweep_next)
+        request = sweeps.get_sweep(engine, request_id)
+        assert (request["status"], request["error"], d.failures) == ("done", None, 0)
+        assert (
+            execute(engine, "SELECT count(*) FROM memories WHERE status = 'deleted'").scalar() == 1
+        )
+        assert len(not_updated(logs)) == 1
+        assert d.metrics.sweeps.labels("done")._value.get() == 1
