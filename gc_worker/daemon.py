@@ -32,8 +32,10 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
+from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import Engine
 
 from gc_worker import scheduler, sweeps
@@ -464,9 +466,14 @@ def build_scheduler(daemon: Daemon) -> BackgroundScheduler:
 
 
 def listen_dsn(engine: Engine) -> str:
-    """A libpq connection string for the LISTEN connection (same server as the engine, named
-    like the engine's sessions unless the URL names one)."""
-    url = engine.url.set(drivername="postgresql")
-    if not names_itself("application_name" in url.query):
-        url = url.update_query_dict({"application_name": APPLICATION_NAME})
-    return url.render_as_string(hide_password=False)
+    """A libpq connection string for the LISTEN connection, from the engine's own connect
+    arguments (same server, user and URL options), named like the engine's sessions unless the
+    URL names one. Not the URL rendered again: it writes a space in the query as `+`, which
+    libpq reads literally (`options=-c+lock_timeout…`), and leaves one in a user or password
+    unencoded, which libpq refuses."""
+    _, params = engine.dialect.create_connect_args(engine.url)
+    libpq = {option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()}
+    params = {key: value for key, value in params.items() if key in libpq}  # not psycopg's own
+    if not names_itself("application_name" in params):
+        params["application_name"] = APPLICATION_NAME
+    return make_conninfo(**params)

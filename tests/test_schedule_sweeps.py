@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -325,6 +327,27 @@ class TestPickUp:
             assert time.monotonic() - started < 2
         finally:
             listener.close()
+
+    def test_the_listen_connection_connects_as_the_engines_sessions_do(self, engine, database_url):
+        """The LISTEN connection keeps the URL's options (`options=-c%20lock_timeout%3D2s`, as
+        docs/operations.md suggests: a `+` for the space reached the server as "+lock_timeout")
+        and a user and password with spaces (unencoded, libpq refused the string), and names
+        itself memory-gc."""
+        role = f"gc listen {os.getpid()}"
+        execute(engine, f"CREATE ROLE \"{role}\" LOGIN PASSWORD 'p w'")
+        url = database_url.replace("postgres:@", f"{role.replace(' ', '%20')}:p%20w@", 1)
+        url += ("&" if "?" in url else "?") + "options=-c%20lock_timeout%3D2s"
+        worker = db.make_engine(url)
+        try:
+            with psycopg.connect(listen_dsn(worker), autocommit=True) as listening:
+                seen = listening.execute(
+                    "SELECT current_user, current_setting('lock_timeout'),"
+                    " current_setting('application_name')"
+                ).fetchone()
+        finally:
+            worker.dispose()
+            execute(engine, f'DROP ROLE "{role}"')
+        assert seen == (role, "2s", db.APPLICATION_NAME)
 
     def test_running_daemon_serves_a_request_within_seconds(self, engine, settings):
         """`serve` picks up a request by NOTIFY (poll 30 s) and returns promptly on stop."""
