@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +27,12 @@ from gc_worker.db import LOCK_NOT_AVAILABLE, describe_error, translated_errors
 from gc_worker.queries import q
 
 log = structlog.get_logger(__name__)
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"  # this process, in gc_run_batches.worker
+# This process, in gc_run_batches.worker and gc_sweep_requests.claimed_by: host and pid for the
+# operator, then a random part, because host and pid do not tell processes apart over time — in
+# a container the worker is PID 1 and a Kubernetes pod keeps its host name when it restarts, so
+# a restarted daemon had its dead predecessor's identity (its metrics counted the predecessor's
+# batches as its own). It is only ever compared whole, never parsed.
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 # A batch whose worker died inside it this many times (claimed, never released: killed, out of
 # memory) is failed rather than handed to the next worker, which would die the same way.
 MAX_LOST_CLAIMS = 3
