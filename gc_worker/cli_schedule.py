@@ -123,7 +123,8 @@ def _metrics_server(args: argparse.Namespace, daemon: Any) -> Any:
             f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}; "
             "pick another --metrics-host"
         ) from None
-    print(f"metrics: http://{args.metrics_host}:{server.server_port}/metrics", flush=True)
+    host = f"[{args.metrics_host}]" if ":" in args.metrics_host else args.metrics_host  # IPv6
+    print(f"metrics: http://{host}:{server.server_port}/metrics", flush=True)
     return server
 
 

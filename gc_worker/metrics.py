@@ -21,6 +21,7 @@ Counters move after the batch's transaction committed, never before.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -155,7 +156,8 @@ class Metrics:
 
 
 def serve_http(metrics: Metrics, health: Health, host: str, port: int) -> ThreadingHTTPServer:
-    """Serve ``/metrics`` and ``/healthz`` in a daemon thread; port 0 picks a free port."""
+    """Serve ``/metrics`` and ``/healthz`` in a daemon thread; port 0 picks a free port. The
+    host's address family is the one it resolves to first (``::`` and ``::1`` are IPv6)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -178,7 +180,19 @@ def serve_http(metrics: Metrics, health: Health, host: str, port: int) -> Thread
         def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = _server_class(host, port)((host, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="memory-gc-metrics", daemon=True).start()
     return server
+
+
+class _IPv6HTTPServer(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _server_class(host: str, port: int) -> type[ThreadingHTTPServer]:
+    """The HTTP server for the host's address family: ThreadingHTTPServer is IPv4 only, and
+    refused an IPv6 host (``::`` in an IPv6-only cluster) as an address not here. A host that
+    does not resolve raises socket.gaierror, an OSError like any host that cannot be bound."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return _IPv6HTTPServer if family == socket.AF_INET6 else ThreadingHTTPServer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,10 +20,11 @@ from structlog.testing import capture_logs
 from gc_worker import daemon as daemon_module
 from gc_worker import metrics as metrics_module
 from gc_worker import sweeps
+from gc_worker.cli import main
 from gc_worker.config import LLMSettings, Runtime, Settings
 from gc_worker.daemon import Daemon
 from gc_worker.llm_store import open_run_llm
-from gc_worker.metrics import serve_http
+from gc_worker.metrics import Metrics, serve_http
 from tests.store import NOW, add, days_ago, execute
 from tests.test_schedule import runs, seed
 
@@ -292,3 +294,29 @@ class TestMetricsAreBestEffort:
         )
         assert len(not_updated(logs)) == 1
         assert d.metrics.sweeps.labels("done")._value.get() == 1
+
+
+class TestMetricsHost:
+    @pytest.mark.parametrize(("host", "family"), [("::1", socket.AF_INET6),
+                                                  ("::", socket.AF_INET6),
+                                                  ("127.0.0.1", socket.AF_INET)])  # fmt: skip
+    def test_the_endpoint_is_served_in_the_hosts_address_family(self, host, family):
+        """An IPv6 host (`::`, `::1`: an IPv6-only cluster) is served over IPv6, an IPv4 one
+        over IPv4; the HTTP server used to be IPv4 only and refused every IPv6 address."""
+        server = serve_http(Metrics(), lambda: (True, {}), host, 0)
+        try:
+            assert server.address_family == family
+            loopback = "[::1]" if family == socket.AF_INET6 else "127.0.0.1"
+            assert get(f"http://{loopback}:{server.server_port}/healthz")[0] == 200
+        finally:
+            server.shutdown()
+            server.server_close()
+
+    def test_schedule_serves_metrics_on_an_ipv6_host(self, cli_env, capsys):
+        """`schedule --metrics-host ::1` runs (it exited 2, "pick another --metrics-host") and
+        prints a URL that can be opened: the address in brackets."""
+        argv = ["schedule", "--once-due", "--metrics-port", "0", "--metrics-host", "::1"]
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert code == 0, err[-300:]
+        assert "metrics: http://[::1]:" in out
