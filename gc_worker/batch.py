@@ -55,7 +55,7 @@ class BatchContext:
     taken: set[UUID] = field(default_factory=set)
     importance: dict[UUID, int] = field(default_factory=dict)
     created: Counter[str] = field(default_factory=Counter)
-    held: set[UUID] = field(default_factory=set)  # rows a review queued in this batch names
+    held: set[UUID] = field(default_factory=set)  # rows of a conflict this batch left open
     # job → users of the batch the run-start scan found work for (gc_worker.triage); a job
     # missing here reads every user
     work: dict[str, set[str]] = field(default_factory=dict)
@@ -137,6 +137,11 @@ class BatchContext:
                 self.importance[action.memory_id] = max(int(new), int(before or new))
             if action.action is Kind.CREATE_MERGED:
                 self.created[action.user_id] += 1
-            if action.action is Kind.REVIEW:
+            if action.action is Kind.REVIEW or (
+                action.action is Kind.DEFERRED and action.job == "contradiction"
+            ):
+                # a conflict a person or the model has yet to judge: merging one side first
+                # would decide it (a merged record takes its earliest member's start, so a
+                # fact restated after a conflicting one would then count as the older)
                 self.held.update(UUID(str(m)) for m in action.details.get("memory_ids", ()))
         return actions

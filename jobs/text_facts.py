@@ -5,7 +5,9 @@ checks built on them (pure functions, no database, no LLM).
                                      antonym) why two look-alike texts must NOT be merged or
                                      obsoleted offline; [] = safe to treat as duplicates.
     unsupported_facts(text, sources) why a model's merge or summary cannot stand for its
-                                     sources: a stated fact dropped or one invented.
+                                     sources: a stated fact dropped or one invented — and,
+                                     word by word, a content word none of them uses (added)
+                                     or one every one of them uses missing (dropped).
     differing_facts(a, b)            what could make two texts conflict (a replaced number, date
                                      or name, a negation, direction or antonym): a model's
                                      "contradicts" is acted on only then.
@@ -24,13 +26,17 @@ in Berlin" gives [].
 from __future__ import annotations
 
 import re
+import threading
 import unicodedata
 from collections.abc import Sequence
+
+import snowballstemmer
 
 # ---------------------------------------------------------------------------------------------
 # Near-miss guard
 # ---------------------------------------------------------------------------------------------
 
+_STEMMERS = threading.local()  # a Snowball stemmer keeps state while it stems: one per thread
 _TOKEN = re.compile(r"\w+(?:['.,:/-]\w+)*")
 # A token opens a sentence when only these stand between it and the text's start or a stop.
 _SENTENCE_STOPS = frozenset(".!?:;\n")
@@ -102,6 +108,43 @@ _ANTONYM_GROUPS: tuple[tuple[frozenset[str], ...], ...] = tuple(
         ("early earlier", "late later"),
     )
 )
+
+
+# Words that carry no fact of their own: a merge or summary may bring them in or leave them out.
+_FILLER_WORDS = frozenset({
+    "a", "an", "the", "and", "or", "but", "nor", "so", "yet", "of", "to", "in", "on", "at", "by",
+    "for", "with", "from", "into", "onto", "about", "as", "than", "then", "that", "this", "these",
+    "those", "there", "here", "which", "who", "whom", "whose", "what", "when", "where", "while",
+    "since", "until", "till", "also", "too", "both", "either", "each", "other", "another", "such",
+    "very", "really", "quite", "just", "still", "now", "currently", "usually", "generally",
+    "often", "is", "are", "was", "were", "be", "been", "being", "am", "has", "have", "had",
+    "having", "do", "does", "did", "doing", "it", "its", "itself", "they", "them", "their",
+    "theirs", "themselves", "he", "him", "his", "she", "her", "hers", "we", "us", "our", "you",
+    "your", "i", "me", "my", "mine", "myself", "one", "ones", "user", "users", "person",
+    "someone", "somebody", "people", "summary", "summarised", "summarized", "various", "several",
+    "including", "include", "includes",
+})  # fmt: skip
+_CONTENT_TOKEN = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
+_STEM_CHARS = 5  # "allergic"/"allergy", "prefers"/"preferred": one key
+
+
+def _content_keys(text: str) -> set[str]:
+    """The text's content words as comparison keys: casefolded, stemmed (English Snowball),
+    cut to ``_STEM_CHARS``. Negations, numbers and dates have checks of their own."""
+    keys = set()
+    for token in _CONTENT_TOKEN.findall(_prepare(text)):
+        word = _word(token)
+        if len(word) < 3 or word in _FILLER_WORDS or _is_negation(word):
+            continue
+        keys.add(_stem(word)[:_STEM_CHARS])
+    return keys
+
+
+def _stem(word: str) -> str:
+    stemmer = getattr(_STEMMERS, "english", None)
+    if stemmer is None:
+        stemmer = _STEMMERS.english = snowballstemmer.stemmer("english")
+    return stemmer.stemWord(word)
 
 
 def _prepare(text: str) -> str:
@@ -249,11 +292,18 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
     adds or drops a number, a date or a name the sources state, says "not" where none of them
     does (or the reverse), reverses a direction one of them states ("from New York to
     Florida" → "from Florida to New York"), or uses the opposite of a word they use ("likes"
-    → "dislikes", "morning" → "evening"). [] = every such fact is carried over, none
-    invented or inverted."""
+    → "dislikes", "morning" → "evening"); it uses a content word none of them uses ("Allergic
+    to soy", an appended instruction: ``added``), or lacks one every one of them uses
+    ("Allergic to peanuts" for two texts that also name shellfish: ``dropped``). Words are
+    compared by stem, so "allergy" stands for "allergic"; a synonym does not ("prefers" for
+    "likes" is added): a merge is asked for in its members' own words, and one that is not is
+    left unmerged. [] = every such fact is carried over, none invented or inverted."""
     source_words = set().union(*(_words(s) for s in sources))
     text_words = set(_words(text))
     stated_names = set().union(*(_inner_names(s) for s in sources))
+    text_keys = _content_keys(text)
+    source_keys = [_content_keys(s) for s in sources]
+    shared_keys = set.intersection(*source_keys) if source_keys else set()
     checks = (
         ("number", set(_numbers(text)) != set().union(*(_numbers(s) for s in sources))),
         ("date", set(_dates(text)) != set().union(*(_dates(s) for s in sources))),
@@ -265,6 +315,8 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
             _antonym_added(text_words, source_words)
             or any(_antonym_swapped(text_words, set(_words(s))) for s in sources),
         ),
+        ("added", bool(text_keys - set().union(*source_keys))),
+        ("dropped", bool(shared_keys - text_keys)),
     )
     return [code for code, differs in checks if differs]
 

@@ -367,20 +367,23 @@ class TestFactChecks:
              ["Allergic to peanuts", "Allergic to peanuts and shellfish"], []),
             ("Not allergic to anything; works at Acme since 2019",
              ["Allergic to peanuts", "Allergic to peanuts and shellfish"],
-             ["date", "negation", "name"]),
+             ["date", "negation", "name", "added", "dropped"]),
             ("User has preferences.", ["Owes Bob 500 EUR", "Does not eat pork"],
-             ["number", "negation", "name"]),
-            ("Manager: Bob", ["Manager: Alice", "manager: Alice"], ["name"]),
-            ("Dentist is Dr. Jones", ["Dentist is Dr. Smith"], ["name"]),
+             ["number", "negation", "name", "added"]),
+            ("Manager: Bob", ["Manager: Alice", "manager: Alice"], ["name", "added", "dropped"]),
+            ("Dentist is Dr. Jones", ["Dentist is Dr. Smith"], ["name", "added", "dropped"]),
             ("Travels to Lisbon for work", ["Travels to Lisbon for work", "Often travels"], []),
             ("Books flights from Florida to New York",
              ["Books flights from New York to Florida"], ["direction"]),
             ("Books flights from New York to Florida",
              ["Usually books flights from New York to Florida"], []),
-            ("Prefers evening meetings", ["Prefers morning meetings"], ["antonym"]),
-            ("Dislikes spicy food", ["Likes spicy food", "Really likes spicy food"], ["antonym"]),
-            ("Avoids coffee", ["Prefers coffee"], ["antonym"]),
-            ("Enjoys drinking green tea", ["Likes green tea"], []),  # a group it does not use
+            ("Prefers evening meetings", ["Prefers morning meetings"],
+             ["antonym", "added", "dropped"]),
+            ("Dislikes spicy food", ["Likes spicy food", "Really likes spicy food"],
+             ["antonym", "added", "dropped"]),
+            ("Avoids coffee", ["Prefers coffee"], ["antonym", "added", "dropped"]),
+            # not an antonym group the source uses, but words it never says ("drinking")
+            ("Enjoys drinking green tea", ["Likes green tea"], ["added", "dropped"]),
             ("Likes tea and dislikes coffee", ["Likes tea", "Dislikes coffee"], []),
             # a review found these faithful summaries rejected by the first version
             ("User moved from Boston to Denver. User works remotely as a designer.",
@@ -391,9 +394,9 @@ class TestFactChecks:
              ["Goes running every morning", "Walks the dog in the evening"], []),
             # an inversion that also repeats the source's word (a later review)
             ("Likes mild food and dislikes spicy food",
-             ["Likes spicy food", "Really likes spicy food"], ["antonym"]),
+             ["Likes spicy food", "Really likes spicy food"], ["antonym", "added"]),
             ("Prefers evening meetings over morning meetings",
-             ["Prefers morning meetings", "Really prefers morning meetings"], ["antonym"]),
+             ["Prefers morning meetings", "Really prefers morning meetings"], ["antonym", "added"]),
         ],
     )  # fmt: skip
     def test_unsupported_facts(self, text: str, sources: list[str], expected: list[str]):

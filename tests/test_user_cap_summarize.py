@@ -28,7 +28,7 @@ from tests.store import NOW, add, days_ago, execute, get, run, snapshot
 from tests.test_llm_port import FakeServer, Reply, chat_reply, data_block, embeddings_reply
 
 BASE_URL = "http://llm.test/v1"
-SUMMARY = "Likes jazz, cycles to work and drinks green tea."
+SUMMARY = "Memories a, b and c."  # in the folded rows' words (seed): the check reads them
 VECTOR = [0.5, 0.5, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
 MakeLLM = Callable[..., tuple[LLMPort, FakeServer]]
 
@@ -64,7 +64,8 @@ def make_llm(engine, tmp_path: Path) -> Iterator[MakeLLM]:
 
 def seed(engine, *importances: int, user: str = "u1", **columns: Any) -> list[UUID]:
     """One row per importance, the first one oldest (so it is evicted first among equals);
-    texts without numbers or names, so any summary may stand for them."""
+    texts without numbers or names whose only content word is "memory", so SUMMARY may stand
+    for any of them."""
     return [
         add(engine, user, f"memory {'abcdefghij'[i]}", importance=imp, created_at=days_ago(50 - i),
             **columns)
@@ -166,7 +167,8 @@ class TestSummarisedOverflow:
         first = seed(engine, 1, 2, 3, user="a")
         second = seed(engine, 1, 2, 3, user="b")
         settings = cap_settings(2)
-        llm, _ = make_llm(settings, *summary_replies("A."), *summary_replies("B."))
+        llm, _ = make_llm(settings, *summary_replies("Memories a, b."),
+                          *summary_replies("Memories a and b."))  # fmt: skip
         run(engine, settings, jobs=["user_cap"], llm=llm)
         [sa], [sb] = summaries(engine, "a"), summaries(engine, "b")
         assert (lineage(engine, sa["id"]), lineage(engine, sb["id"])) == (
@@ -179,9 +181,9 @@ class TestSummaryEmbedding:
     def test_failed_embedding_falls_back_to_the_centroid(self, engine, make_llm) -> None:
         """When the embeddings call fails, the summary gets the normalised members' centroid."""
         e1, e2 = [1.0] + [0.0] * 7, [0.0, 1.0] + [0.0] * 6
-        add(engine, "u1", "a", importance=1, embedding=e1, created_at=days_ago(3))
-        add(engine, "u1", "b", importance=1, embedding=e2, created_at=days_ago(2))
-        add(engine, "u1", "c", importance=5)
+        add(engine, "u1", "memory a", importance=1, embedding=e1, created_at=days_ago(3))
+        add(engine, "u1", "memory b", importance=1, embedding=e2, created_at=days_ago(2))
+        add(engine, "u1", "memory c", importance=5)
         settings = cap_settings(2)
         llm, _ = make_llm(settings, chat_reply({"summary": SUMMARY}), httpx2.Response(400))
         run(engine, settings, jobs=["user_cap"], llm=llm)

@@ -25,15 +25,16 @@ DATA_RULES = (
     "facts. Answer only with the requested JSON object."
 )
 
-MERGE_VERSION = "merge.v1"
+MERGE_VERSION = "merge.v2"  # v2: in the members' own words (jobs.text_facts checks them)
 MERGE_SYSTEM = (
     "You deduplicate a user's long-term memories. You get a group of memories that look "
     "similar. Decide whether they all state the same fact(s). They are a duplicate set only if "
     "one statement can replace all of them without losing or changing any fact: a different "
     "number, date, amount, name, place, direction (from/to), negation or time frame means they "
     "are NOT a duplicate set. If they are, set is_duplicate_set to true, list every id of the "
-    "group in member_ids and write merged_text: one concise statement, in the memories' voice, "
-    "keeping every fact from every member. Otherwise set is_duplicate_set to false, leave "
+    "group in member_ids and write merged_text: one concise statement, in the memories' voice "
+    "and their own words (no word of your own beyond joining words), keeping every fact from "
+    "every member. Otherwise set is_duplicate_set to false, leave "
     "merged_text null and give a short reason. " + DATA_RULES
 )
 
@@ -59,12 +60,13 @@ IMPORTANCE_SYSTEM = (
     "its 0-based index from the list and its score; every index exactly once. " + DATA_RULES
 )
 
-SUMMARY_VERSION = "summary.v1"
+SUMMARY_VERSION = "summary.v2"  # v2: in the memories' own words
 SUMMARY_SYSTEM = (
     "You fold a group of a user's long-term memories into one summary statement that will "
     "replace them. Keep every fact that could still matter: numbers, dates, names, places and "
     "negations exactly as stated; drop only repetition. Write one concise statement in the "
-    "memories' voice in the field summary. " + DATA_RULES
+    "memories' voice and their own words (no word of your own beyond joining words) in the "
+    "field summary. " + DATA_RULES
 )
 
 
