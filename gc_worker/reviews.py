@@ -18,8 +18,9 @@ A change is made like any other worker change: a run (mode ``apply``, trigger ``
 ``review``) whose ``obsolete`` actions go through the executor and the audit in one
 transaction with the item's closing, so ``memory-gc restore --run RUN_ID`` undoes it. An
 obsoleted row older than the one kept gets reason ``review_superseded`` and its ``valid_until``
-closed at the kept row's start (it was true until then); a newer one gets ``review_rejected``
-and keeps its window (it never held, so the read rule never shows it).
+closed at the kept row's start (it was true until then); a newer one, or one written with it
+(a ``no_newer`` item), gets ``review_rejected`` and keeps its window (it never held, so the read
+rule never shows it).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from gc_worker.db import transaction
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.execute import execute
 from gc_worker.queries import q
-from jobs.contradiction_rules import close_at, recency
+from jobs.contradiction_rules import close_at, timing
 
 JOB = "review"
 STATUSES = ("open", "resolved")
@@ -195,7 +196,8 @@ def _check_changeable(row: Any, memory_id: UUID) -> None:
 
 
 def _obsolete(loser: Any, winner: Any, review_id: int) -> Action:
-    superseded = winner is not None and recency(loser) < recency(winner)
+    # by time only: of two rows written together neither replaced the other (no_newer)
+    superseded = winner is not None and timing(loser) < timing(winner)
     end = close_at(loser, winner) if superseded else None
     return Action(
         job=JOB,

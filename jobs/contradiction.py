@@ -14,7 +14,9 @@ Per user, over active rows (jobs.contradiction_rules has the rules in full):
    ``valid_until`` closed at the winner's start — unless the winner is a temporary override
    (has ``valid_until``: it shadows, never obsoletes), has not taken effect yet, is less
    trusted than the loser, or the loser is pinned: then a ``review`` (kind contradiction,
-   memory_ids [older, newer]) and no change.
+   memory_ids [older, newer]) and no change. Two rows written together (same start,
+   ``observed_at`` and ``created_at``: neither is newer) → ``review`` (reason ``no_newer``),
+   unless declared.
 3. Other pairs at or above ``similarity`` (not exact duplicates — compaction's —, not a
    newer temporary override, not of two scopes: two topic areas, e.g. two projects'
    deadlines) go

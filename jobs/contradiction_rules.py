@@ -5,7 +5,9 @@ pinned, trust, valid_from, valid_until, observed_at, created_at`` (``trust`` is
 ``memory_gc_trust(source, metadata)``: explicit_user_statement 3 > model_inference 2 >
 external 1; a gc_merge record counts as its best member).
 
-Newer = later ``valid_from``, else later ``observed_at`` (ties: observed_at, created_at, id).
+Newer = later ``valid_from``, else later ``observed_at`` (ties: observed_at, created_at). Rows
+that tie on all three (written together, e.g. in one request) have no newer: ``recency`` still
+orders them by id (the read rule ranks a slot the same way), but no pair of them is decided.
 
 - ``validity_ended``: unpinned rows whose ``valid_until <= now`` → obsolete (validity_ended).
 - ``declared_pairs``: a row's ``supersedes`` names another row of the same user → the declarer
@@ -16,7 +18,8 @@ Newer = later ``valid_from``, else later ``observed_at`` (ties: observed_at, cre
 - ``decide(pair, now)``: the winner obsoletes the loser only if the winner is not a temporary
   override (has ``valid_until``: it shadows, never obsoletes), has taken effect (its start is
   not after ``now``), the loser is not pinned (→ review) and the winner is at least as trusted
-  (→ review otherwise). The loser's ``valid_until`` is closed at the winner's start.
+  (→ review otherwise). The loser's ``valid_until`` is closed at the winner's start. A slot or
+  similar pair with no newer row is a review (``no_newer``); a declared pair is decided as declared.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ REVIEW_KIND = "contradiction"
 
 # basis of a pair → the reason its loser is obsoleted with
 REASONS = {"declared": "superseded", "slot": "slot_replaced", "similar": "contradicted"}
+NO_NEWER = "no_newer"
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,15 @@ def starts(row: Any) -> datetime:
     return row.valid_from or row.observed_at
 
 
+def timing(row: Any) -> tuple:
+    """What makes one row newer than another: its start, then observed_at, then created_at."""
+    return (starts(row), row.observed_at, row.created_at)
+
+
 def recency(row: Any) -> tuple:
-    return (starts(row), row.observed_at, row.created_at, str(row.id))
+    """``timing``, then the id: a total order for ranking, but the id is no evidence of which
+    fact is newer (``no_newer``)."""
+    return (*timing(row), str(row.id))
 
 
 def ordered(a: Any, b: Any) -> tuple[Any, Any]:
@@ -124,6 +135,10 @@ def decide(pair: Pair, *, now: datetime) -> Action | None:
     winner, loser = pair.winner, pair.loser
     if winner.valid_until is not None or starts(winner) > now:
         return None
+    if pair.basis != "declared" and timing(winner) == timing(loser):
+        # written together: only the ids would say which is "newer", and obsoleting one would
+        # close it at its own start (an empty window, gone from reads of the past too)
+        return review(pair, NO_NEWER)
     if loser.pinned:
         return review(pair, "pinned")
     if winner.trust < loser.trust:
@@ -163,8 +178,9 @@ def review(pair: Pair, reason: str) -> Action:
         "kind": REVIEW_KIND,
         "memory_ids": [str(pair.older.id), str(pair.newer.id)],
         "basis": pair.basis,
-        "proposed_winner": str(pair.winner.id),
     }
+    if reason != NO_NEWER:  # with no newer row the "winner" is only the higher id
+        details["proposed_winner"] = str(pair.winner.id)
     if pair.similarity is not None:
         details["similarity"] = round(pair.similarity, 4)
     return Action(

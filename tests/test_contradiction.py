@@ -11,9 +11,20 @@ import pytest
 from gc_worker import engine as gc_engine
 from gc_worker.actions import Kind
 from gc_worker.report import build_report
-from jobs.contradiction_rules import Pair, close_at, decide, declared_pairs, slot_pairs
+from jobs.contradiction_rules import (
+    Pair,
+    close_at,
+    decide,
+    declared_pairs,
+    ordered,
+    slot_pairs,
+)
 from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
 from tests.test_compaction import E0, NEAR_MISSES, at_similarity, unit
+from tests.test_llm_guards import Model, contradicts
+
+# two ids in both orders: with rows that tie in time, only the id could say which is "newer"
+ID_ORDERS = [(UUID(int=1), UUID(int=2)), (UUID(int=2), UUID(int=1))]
 
 
 def row(content="x", **fields):
@@ -102,6 +113,69 @@ class TestRules:
         assert close_at(row(), winner) == days_ago(1)
         assert close_at(row(valid_until=days_ago(2)), winner) is None
         assert close_at(row(valid_until=NOW), winner) == days_ago(1)
+
+
+class TestATieHasNoNewerFact:
+    """Rows that tie on start, observed_at and created_at (written in one request) have no
+    newer fact: no slot or similar pair of them is decided, whatever their ids."""
+
+    @pytest.mark.parametrize("basis", ["slot", "similar"])
+    @pytest.mark.parametrize("ids", ID_ORDERS)
+    def test_a_tied_pair_is_a_review_and_a_microsecond_later_is_newer(self, basis, ids):
+        """A full tie is a no_newer review proposing no winner, in both id orders; a
+        created_at one microsecond later makes that row newer, and it wins."""
+        paris = row("Lives in Paris", id=ids[0])
+        berlin = row("Lives in Berlin", id=ids[1])
+        older, newer = ordered(paris, berlin)
+        action = decide(Pair(older, newer, newer, basis), now=NOW)
+        assert (action.action, action.reason) == (Kind.REVIEW, "no_newer")
+        assert "proposed_winner" not in action.details
+        later = row("Lives in Berlin", id=ids[1], created_at=NOW + timedelta(microseconds=1))
+        action = decide(Pair(paris, later, later, basis), now=NOW)
+        assert (action.action, action.memory_id) == (Kind.OBSOLETE, paris.id)
+
+    def test_a_declared_pair_is_decided_as_declared(self):
+        """A supersedes is explicit: the declarer wins a tie in time."""
+        target = row("Lives in Paris", id=UUID(int=2))
+        declarer = row("Lives in Berlin", id=UUID(int=1), supersedes=[target.id])
+        [pair] = declared_pairs([target, declarer])
+        action = decide(pair, now=NOW)
+        assert (action.action, action.memory_id) == (Kind.OBSOLETE, target.id)
+
+    @pytest.mark.parametrize("ids", ID_ORDERS)
+    def test_a_tied_slot_is_a_review_whatever_the_trust(self, ids):
+        """Two values of a slot written together, one a model inference: a no_newer review in
+        both id orders (it was an obsolete or a lower_trust review, by id)."""
+        said = row("Diet: vegetarian", slot="diet", id=ids[0])
+        inferred = row("Diet: vegan", slot="diet", id=ids[1], trust=2)
+        [pair] = slot_pairs([said, inferred])
+        assert decide(pair, now=NOW).reason == "no_newer"
+
+    @pytest.mark.parametrize("ids", ID_ORDERS)
+    def test_the_model_saying_contradicts_queues_a_review(self, engine, settings, make_llm, ids):
+        """Two similar facts written together that the model says contradict: both stay
+        active and one no_newer review is queued, whichever id is higher (the id-"older" one
+        was obsoleted with valid_until at its own start, gone from reads of the past too)."""
+        when = days_ago(3)
+        paris = add(engine, "u1", "Lives in Paris", id=ids[0], created_at=when, embedding=E0)
+        berlin = add(engine, "u1", "Lives in Berlin", id=ids[1], created_at=when,
+                     embedding=at_similarity(0.9))  # fmt: skip
+        before = snapshot(engine)
+        report = run(engine, settings, jobs=["contradiction"], llm=make_llm(Model(contradicts)))
+        assert [(a["action"], a["reason"]) for a in report["actions"]] == [("review", "no_newer")]
+        assert snapshot(engine) == before
+        assert reviews(engine) == [("no_newer", sorted([paris, berlin], key=str))]
+
+    def test_a_tied_slot_is_queued_once_and_nothing_changes(self, engine, settings):
+        """Two values of one slot written together: one review, nothing changes, and the next
+        run queues no second one."""
+        add(engine, "u1", "Timezone: CET", slot="tz", created_at=days_ago(2))
+        add(engine, "u1", "Timezone: EST", slot="tz", created_at=days_ago(2))
+        before = snapshot(engine)
+        report = run(engine, settings, jobs=["contradiction"])
+        assert [(a["action"], a["reason"]) for a in report["actions"]] == [("review", "no_newer")]
+        assert snapshot(engine) == before
+        assert run(engine, settings, jobs=["contradiction"])["totals"]["actions"] == 0
 
 
 class TestValidityEnded:

@@ -83,6 +83,19 @@ class TestResolve:
             "Diet: vegetarian"
         ]
 
+    @pytest.mark.parametrize("obsoleted", [0, 1])
+    def test_obsoleting_one_of_two_facts_written_together_rejects_it(
+        self, engine, settings, obsoleted
+    ):
+        """With no newer fact (a no_newer review) the one obsoleted is rejected, its window
+        untouched, whichever id is higher: it is not "superseded" at its own start."""
+        pair = [add(engine, "u1", text, slot="tz", created_at=days_ago(2))
+                for text in ("Timezone: CET", "Timezone: EST")]  # fmt: skip
+        review_id = queue(engine, settings)
+        resolve_review(engine, review_id, obsolete=pair[obsoleted], now=NOW)
+        row = get(engine, pair[obsoleted])
+        assert (row["status_reason"], row["valid_until"]) == ("review_rejected", None)
+
     def test_a_resolution_is_restorable(self, engine, settings):
         """restore --run of the resolution run puts the memory back."""
         said, _ = seed_conflict(engine)
