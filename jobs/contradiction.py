@@ -29,9 +29,10 @@ Per user, over active rows (jobs.contradiction_rules has the rules in full):
 
 A pair with an open review, or one a person dismissed, is left alone (no new review, no call).
 Every action on a pair carries the group ``contradiction:<older>:<newer>``. Embedded rows whose
-vector is unusable (wrong size, zero, non-finite) are counted in ``skipped``; similar pairs left
-out by ``max_pairs_per_memory`` in ``not_asked`` (they are not listed as deferred: a cluster of
-near-copies would otherwise list n(n−1)/2 pairs).
+vector is unusable (wrong size, zero, non-finite) are counted in ``skipped``; pairs that would be
+asked but are left out by ``max_pairs_per_memory`` in ``not_asked`` (they are not listed as
+deferred: a cluster of near-copies would otherwise list n(n−1)/2 pairs). The quota counts only
+pairs that would be asked: the ones never asked (above) do not use it up.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def plan_contradiction(
     max_pairs_per_memory: int | None = None,
 ) -> tuple[list[Action], int, int]:
     """One user's actions, the number of rows skipped for an unusable embedding, and the
-    number of similar pairs not asked about because of ``max_pairs_per_memory``."""
+    number of pairs that would be asked but for ``max_pairs_per_memory``."""
     state = _Plan(blocked or set())
     finished = validity_ended(rows, now=now)
     state.actions += [ended(row) for row in finished]
@@ -114,29 +115,37 @@ def plan_contradiction(
             state.add(pair, decide(pair, now=now))
     kept, vectors, skipped = with_embeddings([r for r in live if r.id not in state.lost], dim)
     by_id = {row.id: row for row in kept}
-    pairs = pairs_above([r.id for r in kept], vectors, similarity=similarity)
-    asked = nearest_pairs(pairs, max_pairs_per_memory)
-    for a, b, score in asked:
-        older, newer = ordered(by_id[a], by_id[b])
-        pair = Pair(older, newer, winner=newer, basis="similar", similarity=score)
-        if state.open(pair) and _worth_asking(pair):
-            state.add(pair, _judged(pair, judge(older, newer), now=now))
-    return state.actions, skipped, len(pairs) - len(asked)
+    scored = pairs_above([r.id for r in kept], vectors, similarity=similarity)
+    similar = [_similar(by_id[a], by_id[b], score) for a, b, score in scored]
+    # pairs never asked about go before the quota: near-copies in other scopes (or reviewed,
+    # or exact duplicates) would otherwise fill a memory's quota, night after night
+    askable = [(p.older.id, p.newer.id, p) for p in similar if state.open(p) and _worth_asking(p)]
+    asked = nearest_pairs(askable, max_pairs_per_memory)
+    for _, _, pair in asked:
+        if state.open(pair):  # a verdict earlier in this loop may have obsoleted one of its rows
+            state.add(pair, _judged(pair, judge(pair.older, pair.newer), now=now))
+    return state.actions, skipped, len(askable) - len(asked)
+
+
+def _similar(a: Any, b: Any, score: float) -> Pair:
+    older, newer = ordered(a, b)
+    return Pair(older, newer, winner=newer, basis="similar", similarity=score)
 
 
 def nearest_pairs(pairs: Sequence[tuple], limit: int | None) -> list[tuple]:
-    """The most similar pairs (``pairs`` comes most similar first) such that no memory is in
-    more than ``limit`` of them: a cluster of n near-copies costs at most n·limit/2 LLM
-    calls, not n(n−1)/2."""
+    """The most similar pairs (``pairs``: ``(a, b, …)`` tuples, most similar first) such that
+    no memory is in more than ``limit`` of them: a cluster of n near-copies costs at most
+    n·limit/2 LLM calls, not n(n−1)/2."""
     if limit is None:
         return list(pairs)
     used: dict[Any, int] = defaultdict(int)
     kept = []
-    for a, b, score in pairs:
+    for item in pairs:
+        a, b = item[:2]
         if used[a] < limit and used[b] < limit:
             used[a] += 1
             used[b] += 1
-            kept.append((a, b, score))
+            kept.append(item)
     return kept
 
 

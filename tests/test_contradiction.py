@@ -11,6 +11,7 @@ import pytest
 from gc_worker import engine as gc_engine
 from gc_worker.actions import Kind
 from gc_worker.report import build_report
+from jobs.contradiction import plan_contradiction
 from jobs.contradiction_rules import (
     Pair,
     close_at,
@@ -19,6 +20,7 @@ from jobs.contradiction_rules import (
     ordered,
     slot_pairs,
 )
+from tests.conftest import TEST_DIM
 from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
 from tests.test_compaction import E0, NEAR_MISSES, at_similarity, unit
 from tests.test_llm_guards import Model, contradicts
@@ -331,6 +333,66 @@ class TestScopes:
             report = run(engine, settings, jobs=["contradiction"], llm=llm)
         assert report["actions"] == [] and sum(model.calls.values()) == 0
         assert snapshot(engine) == before
+
+
+FRIDAY, MONDAY = "Project deadline is Friday", "Project deadline is Monday"
+
+
+def asked_about(rows, **options) -> tuple[list[tuple[str, str]], int]:
+    """The (older, newer) texts put to the model, and the pairs the quota kept from it."""
+    asked = []
+
+    def judge(older, newer):
+        asked.append((older.content, newer.content))
+
+    _, _, not_asked = plan_contradiction(rows, now=NOW, similarity=0.75, dim=TEST_DIM,
+                                         judge=judge, **options)  # fmt: skip
+    return asked, not_asked
+
+
+class TestTheQuotaCountsOnlyPairsThatWouldBeAsked:
+    """max_pairs_per_memory is applied after the pairs never asked about are dropped."""
+
+    @pytest.mark.parametrize(
+        ("copy", "scope", "reviewed", "not_asked"),
+        [
+            (FRIDAY, "beta", False, 0),  # another scope: never asked
+            ("project deadline is friday.", "alpha", False, 1),  # an exact duplicate
+            ("Project deadline is Sunday", "alpha", True, 1),  # a pair with an open review
+        ],
+        ids=["another_scope", "exact_duplicate", "open_review"],
+    )
+    def test_a_never_asked_near_copy_does_not_use_up_the_quota(
+        self, copy, scope, reviewed, not_asked
+    ):
+        """With a quota of 1, a near-copy of the old deadline whose pair with it is never asked
+        (cosine ~1, so first in line) used to fill the old row's quota, and the real change
+        (cosine 0.9) was never asked about. It is asked now; the copy's own askable pair with
+        the new row is still cut by the quota and counted in not_asked."""
+        old = row(FRIDAY, scope="alpha", observed_at=days_ago(30), embedding=E0)
+        near = row(copy, scope=scope, observed_at=days_ago(29), embedding=unit(0.001, axis=2))
+        new = row(MONDAY, scope="alpha", observed_at=days_ago(1), embedding=at_similarity(0.9))
+        blocked = {frozenset((old.id, near.id))} if reviewed else set()
+        asked = asked_about([old, near, new], max_pairs_per_memory=1, blocked=blocked)
+        assert asked == ([(FRIDAY, MONDAY)], not_asked)
+
+    def test_a_deadline_change_is_judged_although_other_projects_share_the_old_text(
+        self, engine, settings, make_llm
+    ):
+        """Four projects whose deadline is "Friday" (six cross-scope pairs at cosine ~1, never
+        asked) no longer fill the default quota of 3: the change in project alpha is asked
+        about and decided in the first run, and nothing counts as not asked."""
+        old = add(engine, "u1", FRIDAY, scope="alpha", created_at=days_ago(30), embedding=E0)
+        for i, scope in enumerate(["beta", "gamma", "delta"]):
+            add(engine, "u1", FRIDAY, scope=scope, created_at=days_ago(29 - i),
+                embedding=unit(0.001 * (i + 1)))  # fmt: skip
+        new = add(engine, "u1", MONDAY, scope="alpha", created_at=days_ago(1),
+                  embedding=at_similarity(0.9))  # fmt: skip
+        server = Model(contradicts)
+        report = run(engine, settings, jobs=["contradiction"], llm=make_llm(server))
+        assert server.chat_requests() == 1 and report["jobs"]["contradiction"]["not_asked"] == 0
+        assert changes(report) == [("obsolete", str(old), "contradicted")]
+        assert status(engine, new) == "active"
 
 
 class TestNearestPairs:
