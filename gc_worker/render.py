@@ -6,7 +6,8 @@ totals per action, one row per job, the busiest users (top 50), reasons with cou
 rows per job and action (10 each), the deferred groups (first 20) and the LLM usage.
 
 Every string that comes from the store (content, user ids, reasons, details) is hostile input:
-HTML escapes all of it; Markdown escapes ``|``, newlines and angle brackets in table cells.
+HTML escapes all of it; Markdown escapes ``|``, newlines and angle brackets in table cells; JSON
+escapes every control and bidi character (``_UNPRINTABLE``).
 
 Optional report keys, rendered when present and ignored when absent: ``plan_run_id``,
 ``status``, ``applied_by``, ``per_user`` (else derived from ``actions``), ``jobs.*.drifted``,
@@ -47,8 +48,12 @@ _SUFFIXES = {".json": "json", ".md": "md", ".markdown": "md", ".html": "html", "
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 _LIST_KEYS = ("content", "memory_ids")  # details shown in their own columns
 # What must not reach a person's terminal or viewer from the store: control characters (ESC
-# sequences drive a terminal; NUL, BEL) and the bidi controls that reorder what is shown.
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# sequences drive a terminal; NUL, BEL; DEL and the C1 set, \x9b being a one-byte CSI) and the
+# bidi controls that reorder what is shown (marks, embeddings, overrides, isolates).
+_NOT_C0 = r"\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_UNPRINTABLE = re.compile(rf"[\x00-\x1f{_NOT_C0}]")
+# Those json.dumps leaves raw (it escapes the C0 controls only; its own newlines are layout).
+_RAW_IN_JSON = re.compile(rf"[{_NOT_C0}]")
 # Markdown punctuation a store text could use to make links, images or markup of its own.
 _MD_PUNCTUATION = re.compile(r"([\\`*_\[\]()!#~&])")
 
@@ -85,8 +90,12 @@ def format_for_path(path: str | PurePath) -> str:
 
 
 def render_json(report: Report) -> str:
-    """The report as indented JSON, keys in their given order, non-ASCII kept."""
-    return json.dumps(report, indent=2, sort_keys=False, ensure_ascii=False, default=str)
+    """The report as indented JSON, keys in their given order, non-ASCII kept — except the
+    unprintable characters json.dumps leaves raw (DEL, C1, bidi controls): the JSON goes to
+    terminals too (`memory-gc report RUN`). They can only stand inside JSON strings, so their
+    \\uXXXX escapes keep the JSON valid and its value the same."""
+    text = json.dumps(report, indent=2, sort_keys=False, ensure_ascii=False, default=str)
+    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 # -- the facts both human formats show ------------------------------------------------------

@@ -28,7 +28,7 @@ HOSTILE = (
     "Diet: vegan\n    00000000-0000-4000-8000-000000000000  [active]  forged member line"
     "\x1b[2K\x1b]0;owned\x07\x1b[31mRED\u202egnp.exe"
 )
-_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 class TestControlCharactersInCliOutput:
@@ -47,7 +47,7 @@ class TestControlCharactersInCliOutput:
 
     def test_markdown_report_on_stdout_carries_no_terminal_escapes(self, engine, cli_env, capsys):
         """`memory-gc report RUN --format md` (to a terminal) passes ESC sequences and bidi
-        overrides from memory content through unchanged (JSON escapes them, HTML is a file)."""
+        overrides from memory content through unchanged (HTML is a file; JSON: next test)."""
         add(engine, "u1", HOSTILE, expires_at=days_ago(1))
         assert main(["run", "--job", "ttl_expiry", "--now", NOW_ARG]) == 0
         run_id = _run_id(capsys.readouterr().out)
@@ -55,6 +55,20 @@ class TestControlCharactersInCliOutput:
         md = capsys.readouterr().out
         assert "forged member line" in md  # the content preview is there
         assert not _UNSAFE.search(md), repr(_UNSAFE.findall(md))
+
+    def test_json_report_on_stdout_carries_no_terminal_controls(self, engine, cli_env, capsys):
+        """`memory-gc report RUN` (JSON, the default, to a terminal): json.dumps escapes only
+        \\x00-\\x1f, so bidi overrides, the Arabic letter mark, C1 controls (\\x9b is CSI)
+        and DEL from memory content reached the terminal raw. They come out as \\uXXXX
+        escapes, and the JSON parses back to the same text."""
+        content = HOSTILE + " \u061c\x9b31m\x85\x7f\u200f\u2067"
+        add(engine, "u1", content, expires_at=days_ago(1))
+        assert main(["run", "--job", "ttl_expiry", "--now", NOW_ARG]) == 0
+        run_id = _run_id(capsys.readouterr().out)
+        assert main(["report", run_id]) == 0
+        out = capsys.readouterr().out
+        assert not _UNSAFE.search(out), repr(_UNSAFE.findall(out))
+        assert json.loads(out)["actions"][0]["details"]["content"] == content
 
 
 class TestMarkdownInjection:
