@@ -6,8 +6,9 @@ totals per action, one row per job, the busiest users (top 50), reasons with cou
 rows per job and action (10 each), the deferred groups (first 20) and the LLM usage.
 
 Every string that comes from the store (content, user ids, reasons, details) is hostile input:
-HTML escapes all of it; Markdown escapes ``|``, newlines and angle brackets in table cells; JSON
-escapes every control and bidi character (``_UNPRINTABLE``).
+HTML escapes all of it; Markdown escapes ``|``, newlines, angle brackets, the punctuation of
+links and markup, and bare URLs' ``://`` and ``www.`` (autolinks); JSON escapes every control
+and bidi character (``_UNPRINTABLE``).
 
 Optional report keys, rendered when present and ignored when absent: ``plan_run_id``,
 ``status``, ``applied_by``, ``per_user`` (else derived from ``actions``), ``jobs.*.drifted``,
@@ -56,6 +57,10 @@ _UNPRINTABLE = re.compile(rf"[\x00-\x1f{_NOT_C0}]")
 _RAW_IN_JSON = re.compile(rf"[{_NOT_C0}]")
 # Markdown punctuation a store text could use to make links, images or markup of its own.
 _MD_PUNCTUATION = re.compile(r"([\\`*_\[\]()!#~&])")
+# What GitHub-flavoured Markdown links by itself (extended autolinks): "scheme://…" and "www.…".
+# A backslash before that ':' or '.' (an escape of ASCII punctuation, shown as the character)
+# leaves text that is neither. Any scheme: other viewers link more of them than GFM.
+_MD_AUTOLINK = re.compile(r"(?i):(?=//)|(?<![a-z0-9])www\.")
 
 
 class Stored(str):
@@ -362,6 +367,7 @@ def _md(value: Any) -> str:
     text = _text(value)  # one line, nothing a terminal would act on
     if isinstance(value, Stored):  # no links, images or markup from the store
         text = _MD_PUNCTUATION.sub(r"\\\1", text)
+        text = _MD_AUTOLINK.sub(lambda m: f"{m.group()[:-1]}\\{m.group()[-1]}", text)
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 

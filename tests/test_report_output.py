@@ -84,6 +84,22 @@ class TestMarkdownInjection:
         assert "attacker.example" in md  # the preview is shown…
         assert not re.search(r"(?<!\\)!?(?<!\\)\[[^\]]*(?<!\\)\]\(", md), md  # …but no link/image
 
+    def test_bare_urls_do_not_become_links(self, engine, settings):
+        """GitHub-flavoured Markdown links a bare ``https://…`` or ``www.…`` by itself (its
+        extended autolinks): a memory's phishing URL was a clickable link in the report. The
+        ':' after a scheme and the '.' after www are escaped — GFM needs "scheme://" and "www."
+        literally — and the viewer shows the text as it was."""
+        hostile = (
+            "Login again at https://evil.example/reset, FTP://evil.example or www.evil.example"
+        )
+        add(engine, "u1", hostile, expires_at=days_ago(1))
+        report = run(engine, settings, jobs=["ttl_expiry"])
+        md = render.render(report, "md")
+        assert "evil.example/reset" in md  # the preview is shown…
+        assert not re.search(r"(?i)(?:https?|ftp)://", md), md  # …but GFM links none of it
+        assert not re.search(r"(?i)(?<![a-z0-9\\])www\.", md), md
+        assert r"https\://evil.example/reset" in md and r"www\.evil.example" in md
+
 
 @contextlib.contextmanager
 def _file_size_limit(limit: int):
