@@ -72,8 +72,18 @@ def _h_banner(report: Report) -> str:
     kind, headline, rest = banner(report)
     # `command` spans become <code>; everything else is escaped text
     parts = rest.split("`")
-    body = "".join(_e(p) if i % 2 == 0 else f"<code>{_e(p)}</code>" for i, p in enumerate(parts))
+    body = "".join(
+        _e_spaced(p) if i % 2 == 0 else f"<code>{_e(p)}</code>" for i, p in enumerate(parts)
+    )
     return f'<p class="banner {kind}"><strong>{_e(headline)}</strong> {body}</p>'
+
+
+def _e_spaced(text: str) -> str:
+    """``_e(text)`` keeping a space at either edge: `printable` strips them, and the words
+    beside a code span would run into it."""
+    core = _e(text)
+    lead = " " if text[:1].isspace() else ""
+    return lead + core + (" " if core and text[-1:].isspace() else "")
 
 
 def _h_meta(report: Report) -> str:

@@ -334,6 +334,15 @@ class TestRenderHtml:
         assert page.index("nothing was changed") < page.index("<h2>Totals</h2>")
         assert f"<code>memory-gc apply {RUN_ID}</code>" in page
 
+    def test_banner_keeps_the_spaces_around_commands(self, report: dict[str, Any]) -> None:
+        """The banner's text beside a command keeps its edge spaces: each piece went through
+        `printable`, which strips them, and the page read "…run<code>memory-gc apply …"."""
+        assert f"run <code>memory-gc apply {RUN_ID}</code></p>" in render_html(report)
+        report.update(mode="apply", run_id="r1", status="stopped", plan_run_id="p1")
+        page = render_html(report)
+        assert "stays; <code>memory-gc restore --run r1</code> undoes it; <code>" in page
+        assert "</code> finishes it.</p>" in page
+
     def test_applied_run_has_no_apply_command(self, report: dict[str, Any]) -> None:
         """An applied run shows no apply command."""
         page = render_html(_applied(report))
