@@ -49,8 +49,9 @@ def run_demo(ctx: Any, *, output_dir: Path | None = None, apply: bool = False) -
 
 
 def _apply_and_rerun(engine: sa.Engine, settings: Any, plan_id: Any, out: Path) -> None:
-    """Apply the plan, then show that an immediate second run has nothing to do."""
-    applied = gc_engine.apply_plan(engine, plan_id, workers=settings.run.workers)
+    """Apply the plan, then show that an immediate second run has nothing to do. Both runs are
+    the demo's (trigger ``demo``): their reports suggest no command of the configured store."""
+    applied = gc_engine.apply_plan(engine, plan_id, workers=settings.run.workers, trigger="demo")
     request = gc_engine.RunRequest(
         mode="apply", now=DEMO_NOW, jobs=gc_engine.resolve_jobs([], settings), trigger="demo"
     )

@@ -603,10 +603,11 @@ def apply_plan(
     llm: Any = None,
     on_batch: Callable[[int], None] | None = None,
     workers: int | None = None,
+    trigger: str = "cli",
 ) -> UUID:
     """Apply a stored dry-run plan exactly, with the settings it was planned with (but
-    ``workers`` batches at once, default the plan's run.workers)."""
-    with applying(engine, plan_run_id) as run_id:
+    ``workers`` batches at once, default the plan's run.workers), as a run of ``trigger``."""
+    with applying(engine, plan_run_id, trigger=trigger) as run_id:
         with engine.connect() as conn:
             settings = settings_of(load_run(conn, run_id))
         process_run(engine, run_id, settings, llm=llm, on_batch=on_batch, workers=workers)

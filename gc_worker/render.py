@@ -442,6 +442,13 @@ def banner(report: Report) -> tuple[str, str, str]:
             "What it erased stays erased; the request stays pending and the next run finishes it."
         )
         return "incomplete", f"Erasure run — {status}.", pending
+    if report.get("trigger") == "demo":  # its own database: `restore --run` would not find it
+        return (
+            "applied" if status == "completed" else "incomplete",
+            "Applied." if status == "completed" else f"Not complete — {status}.",
+            "This run is in the demo's own database, which the other commands do not reach; "
+            "to seed it afresh, run `memory-gc demo`",
+        )
     if status == "running":
         return "incomplete", "Running.", "A process is working this run; render it again later."
     if status != "completed":

@@ -38,6 +38,20 @@ class TestDemo:
         assert "second run right after: 0 changes" in out
         assert "memory-gc demo --apply" not in out  # not suggested when it is what ran
 
+    def test_demo_apply_report_suggests_no_restore(
+        self, pg_server, pg_data_dir, monkeypatch, capsys, tmp_path
+    ):
+        """The applied report of `demo --apply` suggested `memory-gc restore --run RUN`, which
+        looks for the run in the configured store, not in the demo's own database: its apply
+        run is recorded with trigger `demo` and its banner suggests only `memory-gc demo`."""
+        monkeypatch.setenv("MEMORY_GC_DATA_DIR", str(pg_data_dir))
+        assert main(["demo", "--apply", "--output-dir", str(tmp_path)]) == 0
+        capsys.readouterr()
+        page = (tmp_path / "applied.html").read_text()
+        banner = page[page.index('class="banner') : page.index("</p>", page.index('class="banner'))]
+        assert "<dt>Mode</dt><dd>apply</dd>" in page
+        assert "memory-gc restore" not in banner and "<code>memory-gc demo</code>" in banner
+
     def test_the_demos_override_is_one(self, pg_server, pg_data_dir, monkeypatch, tmp_path):
         """ "Evening meetings are fine this week" overrides "no evening meetings" for its week
         (it names it in `supersedes`): the read rule shows the override alone, and the banner

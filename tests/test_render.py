@@ -208,6 +208,9 @@ class TestBanner:
              "A process is working", None),
             # the demo's plan is in the demo's own database: `apply` there found no such run
             ({"trigger": "demo"}, "dry", "nothing was changed", "memory-gc demo --apply"),
+            # …and `restore --run` would not find its apply run either
+            ({"mode": "apply", "trigger": "demo"}, "applied", "demo's own database",
+             "memory-gc demo"),
             # `apply` refuses a plan for more than a day ahead (cli.not_ahead)
             ({"now": "2062-06-01T03:00:00+00:00"}, "dry", "more than a day ahead",
              "memory-gc run --dry-run"),
