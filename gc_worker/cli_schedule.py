@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import errno
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -55,12 +56,7 @@ def cmd_schedule(args: argparse.Namespace, ctx: Context) -> int:
     from gc_worker.llm_store import open_run_llm
 
     clock = _clock(args, system_clock)
-    if args.metrics_host is not None and args.metrics_port is None:  # before connecting
-        raise UsageError(
-            "--metrics-host says where the metrics endpoint listens, but there is none without "
-            "--metrics-port: add --metrics-port N (e.g. 9108), or drop --metrics-host"
-        )
-    args.metrics_host = args.metrics_host or "0.0.0.0"
+    _check_metrics_address(args)  # before connecting: a bad flag is exit 2 with the database down
     engine = ctx.engine()
     daemon = Daemon(
         engine, ctx.settings, clock=clock,
@@ -100,29 +96,50 @@ def _clock(args: argparse.Namespace, default: Callable[[], datetime]) -> Callabl
     return lambda: fixed
 
 
+def _check_metrics_address(args: argparse.Namespace) -> None:
+    """What can be known of the metrics endpoint's address without binding it: the flags
+    together, the port's range, the host's name (resolving binds nothing). Whether the address
+    can be bound — taken, not this machine's — is known only when the server binds it."""
+    if args.metrics_port is None:
+        if args.metrics_host is not None:
+            raise UsageError(
+                "--metrics-host says where the metrics endpoint listens, but there is none "
+                "without --metrics-port: add --metrics-port N (e.g. 9108), or drop --metrics-host"
+            )
+        return
+    if not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port {args.metrics_port} is not a port (0-65535)")
+    args.metrics_host = args.metrics_host or "0.0.0.0"
+    try:
+        socket.getaddrinfo(
+            args.metrics_host, args.metrics_port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, TypeError, UnicodeError) as exc:  # no such name; one it cannot encode
+        raise _unservable(args, exc, "--metrics-host") from None
+
+
+def _unservable(args: argparse.Namespace, exc: Exception, fix: str) -> UsageError:
+    return UsageError(
+        f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}; "
+        f"pick another {fix}"
+    )
+
+
 def _metrics_server(args: argparse.Namespace, daemon: Any) -> Any:
     from gc_worker.metrics import serve_http
 
     if args.metrics_port is None:
         return None
-    if not 0 <= args.metrics_port <= 65535:
-        raise UsageError(f"--metrics-port {args.metrics_port} is not a port (0-65535)")
     try:
         server = serve_http(daemon.metrics, daemon.health, args.metrics_host, args.metrics_port)
     except OSError as exc:
-        # taken (or a privileged port): the port; no such name or address here: the host
+        # taken (or a privileged port): the port; no such address here: the host
         fix = (
             "--metrics-port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "--metrics-host"
         )
-        raise UsageError(
-            f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}; "
-            f"pick another {fix}"
-        ) from None
+        raise _unservable(args, exc, fix) from None
     except (TypeError, UnicodeError) as exc:  # a host name the resolver cannot encode
-        raise UsageError(
-            f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}; "
-            "pick another --metrics-host"
-        ) from None
+        raise _unservable(args, exc, "--metrics-host") from None
     host = f"[{args.metrics_host}]" if ":" in args.metrics_host else args.metrics_host  # IPv6
     print(f"metrics: http://{host}:{server.server_port}/metrics", flush=True)
     return server

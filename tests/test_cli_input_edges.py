@@ -184,3 +184,21 @@ def test_a_user_id_with_a_nul_byte_exits_2(cli_env, engine, capsys, argv, argume
     assert code == 2, code
     assert f"argument {argument}" in err and "NUL" in err and "database error" not in err
     assert row_counts(engine) == before
+
+
+@pytest.mark.parametrize(
+    ("flags", "names"),
+    [
+        (["--metrics-port", "70000"], "--metrics-port"),
+        (["--metrics-port", "-1"], "--metrics-port"),
+        (["--metrics-port", "0", "--metrics-host", "no.such.host.invalid"], "--metrics-host"),
+    ],
+)
+def test_a_bad_metrics_address_is_named_before_connecting(monkeypatch, capsys, flags, names):
+    """`schedule --metrics-port 70000` (or an unknown --metrics-host) with the database down
+    exited 1 "cannot connect to the database": the daemon connected before the endpoint's
+    address was checked. The port's range and the host's name are checked first (exit 2)."""
+    monkeypatch.setenv("MEMORY_GC_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+    code, err = cli(["schedule", "--once-due", "--now", NOW_ARG, *flags], capsys)
+    assert code == 2, (code, err)
+    assert names in err and "database" not in err
