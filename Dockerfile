@@ -1,5 +1,12 @@
 # memory-gc worker image. Production points MEMORY_GC_DATABASE_URL at its own PostgreSQL
 # (with pgvector); without it the worker would start an embedded server under /data.
+#
+# The schema comes first: the daemon never migrates by itself, and against a database without
+# the schema (a fresh /data volume too) it exits 2, "run `memory-gc migrate`". Run `migrate`
+# before the first start and after each upgrade — idempotent, and replicas migrating at once
+# wait for each other: in Kubernetes an init container (docs/operations.md), with Docker
+#   docker run --rm -v mgc:/data memory-gc migrate
+#   docker run -d -v mgc:/data memory-gc
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -26,3 +33,8 @@ EXPOSE 9108
 # a one-shot command stops as on Ctrl-C), so `docker stop` works without an init process
 ENTRYPOINT ["memory-gc"]
 CMD ["schedule", "--metrics-port", "9108"]
+# /healthz of that default command (python: the slim image has no curl); a 503 or no answer
+# fails. Kubernetes ignores it (a livenessProbe does this there); another command serves no
+# /healthz: give it `docker run --no-healthcheck`.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9108/healthz', timeout=4)"]
