@@ -376,7 +376,32 @@ def _behaviour_problems(conn: Connection) -> list[str]:
         f"UPDATE OF content, metadata, … ON memories …) or drop it"
         for name in conn.execute(q("row_update_triggers")).scalars()
     ]
-    return problems
+    return problems + _write_trigger_problems(conn)
+
+
+def _write_trigger_problems(conn: Connection) -> list[str]:
+    """BEFORE INSERT / DELETE row triggers and write rules on memories: a soft-delete trigger
+    returning NULL, or a DO INSTEAD rule, turned every purge into nothing (the batch failed every
+    night, a forget-user --purge-now never completed); a dedupe trigger returning NULL every
+    merging batch. Refused whatever they do, as a BEFORE UPDATE trigger on any column is: what a
+    trigger function does with the worker's rows cannot be read from the catalog."""
+    problems = [
+        f"trigger {row.tgname} fires BEFORE "
+        f"{' OR '.join(['INSERT'] * row.on_insert + ['DELETE'] * row.on_delete)} on each row "
+        "of memories, and can skip or change a row the worker inserts (a merged record) or "
+        "purges (a soft-delete or dedupe trigger returning NULL): every such batch would fail, "
+        f"every night. DROP TRIGGER {row.tgname} ON memories; then soft-delete or dedupe in "
+        "the application's own statements (a column default, or an AFTER trigger, which "
+        "cannot skip the row, does what a trigger filling columns did)"
+        for row in conn.execute(q("row_write_triggers"))
+    ]
+    return problems + [
+        f"rule {row.rulename} rewrites every {row.event} on memories (DO INSTEAD: the worker's "
+        f"{row.event} … RETURNING fails, or does nothing), so every batch writing one would "
+        f"fail, every night: DROP RULE {row.rulename} ON memories; (and soft-delete in the "
+        "application's own statements)"
+        for row in conn.execute(q("write_rules"))
+    ]
 
 
 def lineage_problems(conn: Connection) -> list[str]:

@@ -311,3 +311,58 @@ def test_a_check_that_recurses_past_the_stack_limit_is_named(
             " CHECK (app_deep(0)) NOT VALID;")  # fmt: skip
     refused(monkeypatch, url, capsys, "a row the worker writes fails in a default or CHECK",
             "stack depth")  # fmt: skip
+
+
+SOFT_DELETE = {
+    "trigger": """
+CREATE FUNCTION app_soft_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+    UPDATE memories SET status = 'deleted', deleted_at = now() WHERE id = OLD.id; RETURN NULL;
+END $$;
+CREATE TRIGGER memories_soft_delete BEFORE DELETE ON memories
+    FOR EACH ROW EXECUTE FUNCTION app_soft_delete();""",
+    "rule": """
+CREATE RULE memories_soft_delete AS ON DELETE TO memories DO INSTEAD
+    UPDATE memories SET status = 'deleted', deleted_at = now() WHERE id = OLD.id;""",
+    "dedupe trigger": """
+CREATE FUNCTION app_dedupe() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+    IF EXISTS (SELECT 1 FROM memories m WHERE m.user_id = NEW.user_id
+                                          AND m.content = NEW.content) THEN RETURN NULL; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER memories_soft_delete BEFORE INSERT ON memories
+    FOR EACH ROW EXECUTE FUNCTION app_dedupe();""",
+}
+
+
+@pytest.mark.parametrize("guard", sorted(SOFT_DELETE))
+def test_a_trigger_or_rule_that_can_skip_the_workers_writes_is_named(
+    empty_database_url, monkeypatch, capsys, guard
+):
+    """A soft-delete BEFORE DELETE trigger returning NULL, or an ON DELETE DO INSTEAD rule, was
+    adopted: every purging batch then failed every night ("purge_rows touched 0 rows", "cannot
+    perform DELETE RETURNING") and a forget-user --purge-now never completed; a dedupe BEFORE
+    INSERT trigger returning NULL failed every merging batch. Found by a review."""
+    url = empty_database_url
+    execute(url, app_store() + SOFT_DELETE[guard])
+    kind = "rule" if guard == "rule" else "trigger"
+    refused(monkeypatch, url, capsys, f"{kind} memories_soft_delete",
+            f"DROP {kind.upper()} memories_soft_delete ON memories;")  # fmt: skip
+
+
+def test_after_triggers_and_replica_triggers_are_fine(empty_database_url, monkeypatch, capsys):
+    """An AFTER trigger cannot skip the row, and a BEFORE one enabled only for replication
+    (ENABLE REPLICA TRIGGER) does not fire in the worker's session: both are adopted."""
+    url = empty_database_url
+    execute(
+        url,
+        app_store()
+        + """
+CREATE FUNCTION app_noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+CREATE TRIGGER memories_audit AFTER INSERT OR DELETE ON memories
+    FOR EACH ROW EXECUTE FUNCTION app_noop();
+CREATE TRIGGER memories_replicated BEFORE DELETE ON memories
+    FOR EACH ROW EXECUTE FUNCTION app_noop();
+ALTER TABLE memories ENABLE REPLICA TRIGGER memories_replicated;""",
+    )
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 0, err

@@ -84,6 +84,27 @@ WHERE t.tgrelid = to_regclass('memories') AND NOT t.tgisinternal AND t.tgenabled
   AND t.tgattr = ''::int2vector
 ORDER BY 1
 
+-- row_write_triggers --
+-- BEFORE INSERT / BEFORE DELETE row triggers on memories that fire in the worker's session
+-- (enabled, or ALWAYS; a REPLICA one does not fire): one may skip the row (RETURN NULL, as a
+-- soft-delete or dedupe trigger does) or change it, and the worker's purges and merged records
+-- would then do nothing, every night. (Adoption runs before any migration: memory-gc's own
+-- tombstone trigger, which the application may attach later, cannot be on the table yet.)
+SELECT t.tgname, (t.tgtype & 4) = 4 AS on_insert, (t.tgtype & 8) = 8 AS on_delete
+FROM pg_trigger t
+WHERE t.tgrelid = to_regclass('memories') AND NOT t.tgisinternal AND t.tgenabled IN ('O', 'A')
+  AND (t.tgtype & 1) = 1 AND (t.tgtype & 2) = 2 AND (t.tgtype & 12) <> 0
+ORDER BY 1
+
+-- write_rules --
+-- Rules on memories other than a view's SELECT: an ON DELETE / INSERT / UPDATE rule rewrites
+-- the worker's statements (DO INSTEAD: "cannot perform DELETE RETURNING", or nothing done).
+SELECT r.rulename, CASE r.ev_type WHEN '2' THEN 'UPDATE' WHEN '3' THEN 'INSERT'
+                                   ELSE 'DELETE' END AS event
+FROM pg_rewrite r
+WHERE r.ev_class = to_regclass('memories') AND r.ev_type <> '1' AND r.ev_enabled <> 'D'
+ORDER BY 1
+
 -- foreign_checks --
 -- The application's CHECK constraints on memories, each with its definition and whether it
 -- reads a column the worker updates (a status change keeps every other column as it was, so
