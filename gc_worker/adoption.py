@@ -357,18 +357,8 @@ def _behaviour_problems(conn: Connection) -> list[str]:
     problems = _check_problems(conn) + _unique_index_problems(conn)
     if row_security_hides_rows(conn):
         problems.append(ROW_SECURITY)
-    problems += [
-        f"{row.tab}.{row.conname} references memories without ON DELETE CASCADE / SET NULL, so "
-        f"purging a memory it names would fail (every night, for that batch): ALTER TABLE "
-        f"{row.tab} DROP CONSTRAINT {row.conname}, ADD … ON DELETE CASCADE (or SET NULL);"
-        if not row.sets
-        else f"{row.tab}.{row.conname} sets {row.not_null_column} to NULL when the memory it "
-        f"names is purged, but {row.tab}.{row.not_null_column} is NOT NULL, so that purge "
-        f"would fail (every night, for that batch): ALTER TABLE {row.tab} ALTER COLUMN "
-        f"{row.not_null_column} DROP NOT NULL; or make the key ON DELETE CASCADE"
-        for row in conn.execute(q("keys_blocking_purge"))
-        if not row.sets or row.not_null_column is not None
-    ]
+    problems += [_blocking_key_problem(row) for row in conn.execute(q("keys_blocking_purge"))
+                 if not row.sets or row.not_null_column is not None]  # fmt: skip
     problems += [
         f"trigger {name} fires BEFORE UPDATE of any column of memories: if it stamps "
         f"updated_at, every score the worker writes would look like an edit and reset decay. "
@@ -377,6 +367,27 @@ def _behaviour_problems(conn: Connection) -> list[str]:
         for name in conn.execute(q("row_update_triggers")).scalars()
     ]
     return problems + _write_trigger_problems(conn)
+
+
+def _blocking_key_problem(row: Any) -> str:
+    """A key that refuses a purge: onto memories, or onto a table a purge empties by cascade
+    (memory_citations ON DELETE CASCADE, answers → memory_citations NO ACTION: adopted, every
+    purge of a cited memory failed, every night)."""
+    target = row.chain.rpartition(" → ")[2]
+    via = "" if target == "memories" else f" (whose rows a purge deletes by cascade: {row.chain})"
+    if not row.sets:
+        return (
+            f"{row.tab}.{row.conname} references {target}{via} without ON DELETE CASCADE / "
+            f"SET NULL, so purging a memory it names would fail (every night, for that "
+            f"batch): ALTER TABLE {row.tab} DROP CONSTRAINT {row.conname}, ADD … ON DELETE "
+            f"CASCADE (or SET NULL);"
+        )
+    return (
+        f"{row.tab}.{row.conname} sets {row.not_null_column} to NULL when the {target} row it "
+        f"names{via} is purged, but {row.tab}.{row.not_null_column} is NOT NULL, so that purge "
+        f"would fail (every night, for that batch): ALTER TABLE {row.tab} ALTER COLUMN "
+        f"{row.not_null_column} DROP NOT NULL; or make the key ON DELETE CASCADE"
+    )
 
 
 def _write_trigger_problems(conn: Connection) -> list[str]:

@@ -366,3 +366,32 @@ ALTER TABLE memories ENABLE REPLICA TRIGGER memories_replicated;""",
     )
     code, _, err = migrate(monkeypatch, url, capsys)
     assert code == 0, err
+
+
+def test_a_key_onto_a_table_a_purge_empties_by_cascade_is_named(
+    empty_database_url, monkeypatch, capsys
+):
+    """memory_citations.memory_id → memories ON DELETE CASCADE, answers.citation_id →
+    memory_citations NO ACTION: the guard looked at keys onto memories only, adopted it, and
+    every purge of a cited memory then failed, every night (found by a review). Keys are now
+    followed through every cascade, a cycle once; a cascade all the way down is fine."""
+    url = empty_database_url
+    execute(
+        url,
+        app_store()
+        + """
+CREATE TABLE memory_citations (id bigserial PRIMARY KEY, parent bigint,
+    memory_id uuid NOT NULL REFERENCES memories (id) ON DELETE CASCADE);
+ALTER TABLE memory_citations ADD FOREIGN KEY (parent) REFERENCES memory_citations (id)
+    ON DELETE CASCADE;
+CREATE TABLE answers (id bigserial PRIMARY KEY,
+    citation_id bigint NOT NULL REFERENCES memory_citations (id));""",
+    )
+    refused(monkeypatch, url, capsys, "answers.answers_citation_id_fkey references "
+            "memory_citations (whose rows a purge deletes by cascade: memories → "
+            "memory_citations)")  # fmt: skip
+    execute(url, "ALTER TABLE answers DROP CONSTRAINT answers_citation_id_fkey, ADD FOREIGN KEY"
+                 " (citation_id) REFERENCES memory_citations (id) ON DELETE SET NULL")  # fmt: skip
+    refused(monkeypatch, url, capsys, "answers.citation_id is NOT NULL")
+    execute(url, "ALTER TABLE answers ALTER COLUMN citation_id DROP NOT NULL")
+    assert migrate(monkeypatch, url, capsys)[0] == 0

@@ -52,27 +52,42 @@ FROM pg_class c, pg_roles r
 WHERE c.oid = to_regclass('memories') AND r.rolname = current_user
 
 -- keys_blocking_purge --
--- Foreign keys of other tables onto memories that may refuse a purge (every batch purging a
--- referenced row would fail), for the caller to pick: NO ACTION / RESTRICT (sets false); or
--- SET NULL, or SET DEFAULT of a column
--- without a default, where a column it sets is NOT NULL (not_null_column names it). The
--- columns set are the key's, or those listed (SET NULL (col), PostgreSQL 15+: read through
--- to_jsonb so that older servers, without confdelsetcols, run this too).
-SELECT k.conrelid::regclass::text AS tab, k.conname, k.confdeltype IN ('n', 'd') AS sets,
-       (SELECT a.attname FROM pg_attribute a
-        WHERE a.attrelid = k.conrelid AND a.attnotnull
-          AND (k.confdeltype = 'n' OR NOT a.atthasdef)
-          AND a.attnum = ANY(coalesce(
-                  nullif(ARRAY(SELECT jsonb_array_elements_text(CASE
-                                   WHEN jsonb_typeof(to_jsonb(k) -> 'confdelsetcols') = 'array'
-                                   THEN to_jsonb(k) -> 'confdelsetcols' END)::int2), '{}'),
-                  k.conkey))
-        ORDER BY a.attnum LIMIT 1) AS not_null_column
-FROM pg_constraint k
-WHERE k.contype = 'f' AND k.confrelid = to_regclass('memories')
-  AND k.conrelid IS DISTINCT FROM to_regclass('memory_lineage')
-  AND k.confdeltype <> 'c'
-ORDER BY 1, 2
+-- Foreign keys that may refuse a purge (every batch purging a referenced row would fail), for
+-- the caller to pick: onto memories, or onto a table whose rows a purge deletes by cascade
+-- (followed through every ON DELETE CASCADE key, each table once per chain; chain names the
+-- tables from memories on, the shortest way): NO ACTION / RESTRICT (sets false); or SET NULL,
+-- or SET DEFAULT of a column without a default, where a column it sets is NOT NULL
+-- (not_null_column names it). The columns set are the key's, or those listed (SET NULL (col),
+-- PostgreSQL 15+: read through to_jsonb so that older servers, without confdelsetcols, run
+-- this too). memory_lineage's keys onto memories are lineage_keys_without_cascade's.
+WITH RECURSIVE purged (tab, chain) AS (
+    SELECT to_regclass('memories')::oid, ARRAY['memories']
+    UNION ALL
+    SELECT k.conrelid, p.chain || k.conrelid::regclass::text
+    FROM purged p JOIN pg_constraint k ON k.confrelid = p.tab
+    WHERE k.contype = 'f' AND k.confdeltype = 'c'
+      AND NOT k.conrelid::regclass::text = ANY(p.chain)
+)
+SELECT * FROM (
+    SELECT DISTINCT ON (k.oid)
+           k.conrelid::regclass::text AS tab, k.conname, array_to_string(p.chain, ' → ') AS chain,
+           k.confdeltype IN ('n', 'd') AS sets,
+           (SELECT a.attname FROM pg_attribute a
+            WHERE a.attrelid = k.conrelid AND a.attnotnull
+              AND (k.confdeltype = 'n' OR NOT a.atthasdef)
+              AND a.attnum = ANY(coalesce(
+                      nullif(ARRAY(SELECT jsonb_array_elements_text(CASE
+                                       WHEN jsonb_typeof(to_jsonb(k) -> 'confdelsetcols') = 'array'
+                                       THEN to_jsonb(k) -> 'confdelsetcols' END)::int2), '{}'),
+                      k.conkey))
+            ORDER BY a.attnum LIMIT 1) AS not_null_column
+    FROM purged p JOIN pg_constraint k ON k.confrelid = p.tab
+    WHERE k.contype = 'f' AND k.confdeltype <> 'c'
+      AND (k.conrelid, k.confrelid)  -- NULL-safe: the application may have no memory_lineage
+          IS DISTINCT FROM (to_regclass('memory_lineage')::oid, to_regclass('memories')::oid)
+    ORDER BY k.oid, cardinality(p.chain)
+) keys
+ORDER BY tab, conname
 
 -- row_update_triggers --
 -- BEFORE UPDATE row triggers on memories that fire on any column (no UPDATE OF list): one that
