@@ -192,7 +192,82 @@ def memories_problems(conn: Connection, embedding_dim: int) -> list[str]:
     ]
     if "id" in columns and not conn.execute(q("id_is_unique")).scalar():
         problems.append("id is not unique on its own: ALTER TABLE memories ADD PRIMARY KEY (id);")
-    return problems + _invalid_index_problems(conn) + _behaviour_problems(conn)
+    return [
+        *problems,
+        *_contract_check_problems(conn),
+        *_invalid_index_problems(conn),
+        *_behaviour_problems(conn),
+    ]
+
+
+# What brings rows inside each CHECK migration 0001 adds (it names the rows outside one).
+CONTRACT_FIXES = {
+    "memories_importance_check": "UPDATE memories SET importance = least(greatest(importance, "
+    "1), 5) WHERE NOT importance BETWEEN 1 AND 5;",
+    "memories_confidence_check": "UPDATE memories SET confidence = least(greatest(confidence, "
+    "0), 1) WHERE NOT confidence BETWEEN 0 AND 1;",
+    "memories_status_check": "UPDATE memories SET status = … WHERE status NOT IN ('active', "
+    "'obsolete', 'merged', 'deleted'); (deleted with its deleted_at, or active)",
+}
+
+
+def _contract_check_problems(conn: Connection) -> list[str]:
+    """A CHECK of the application's under a name of migrate's (PostgreSQL names an inline
+    CHECK on importance memories_importance_check) is kept in place of migrate's: one wider
+    than the contract (importance BETWEEN 0 AND 10) let rows with importance 0 or 7 in, whose
+    decay score then stayed NULL forever. Each must say what migrate's says, as PostgreSQL
+    prints both, and be validated; the rows outside the contract's are counted."""
+    from gc_worker import schema  # it imports this module
+
+    checks = schema.migration("0001").CHECKS
+    found = list(conn.execute(q("contract_check_definitions"), {"names": list(checks)}))
+    problems = [
+        f"CHECK {r.conname} is NOT VALID, and migrate would keep it in place of its own, with "
+        f"the rows it never checked: ALTER TABLE memories VALIDATE CONSTRAINT {r.conname};"
+        for r in found
+        if not r.validated
+    ]
+    ours = _printed_checks(conn, {r.conname: checks[r.conname] for r in found})
+    for row in found:
+        if not row.validated or ours.get(row.conname, row.definition) == row.definition:
+            continue  # (pg_get_constraintdef prints NOT VALID: named above)
+        check = checks[row.conname]
+        outside = conn.exec_driver_sql(f"SELECT count(*) FROM memories WHERE NOT ({check})")
+        count = outside.scalar()
+        problems.append(
+            f"CHECK {row.conname} is yours ({row.definition}), and migrate would keep it in "
+            f"place of its own ({check}), so rows outside that (which the worker cannot score "
+            f"or read) could stay or come in: ALTER TABLE memories DROP CONSTRAINT "
+            f"{row.conname}; (migrate adds its own; keep a rule of yours under another name)"
+            + (f". {count} rows are outside it: {CONTRACT_FIXES[row.conname]}" if count else "")
+        )
+    return problems
+
+
+def _printed_checks(conn: Connection, checks: dict[str, str]) -> dict[str, str]:
+    """The CHECKs as PostgreSQL prints them on memories' column types (on a temporary copy of
+    its columns, rolled back); {} when a column has another type (listed with the columns)."""
+    if not checks:
+        return {}
+    conn.exec_driver_sql("SAVEPOINT memory_gc_contract")
+    try:
+        added = "".join(
+            f"ALTER TABLE memory_gc_contract ADD CONSTRAINT {name} CHECK ({check});"
+            for name, check in checks.items()
+        )
+        conn.exec_driver_sql(
+            f"CREATE TEMP TABLE memory_gc_contract (LIKE memories) ON COMMIT DROP;{added}"
+        )
+        printed = conn.execute(q("contract_check_definitions"), {"names": list(checks)})
+        return {r.conname: r.definition for r in printed if not r.theirs}
+    except sa.exc.DBAPIError as exc:
+        state = str(getattr(exc.orig, "sqlstate", None))
+        if state[:2] in SESSION_TROUBLE or state == "25P04" or exc.connection_invalidated:
+            raise
+        return {}
+    finally:
+        if not conn.invalidated:
+            conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_contract")
 
 
 # What the worker writes into the enum-like columns: each must pass the table's CHECKs.
@@ -593,9 +668,12 @@ def translated_violations() -> Iterator[None]:
 
 def _hint(constraint: str) -> str:
     hints = {
-        "memories_importance_check": "importance must be 1..5",
-        "memories_confidence_check": "confidence must be 0..1",
-        "memories_status_check": "status must be active, obsolete, merged or deleted",
+        "memories_importance_check": "importance must be 1..5: "
+        + CONTRACT_FIXES["memories_importance_check"],
+        "memories_confidence_check": "confidence must be 0..1: "
+        + CONTRACT_FIXES["memories_confidence_check"],
+        "memories_status_check": "status must be active, obsolete, merged or deleted: "
+        + CONTRACT_FIXES["memories_status_check"],
         "memory_lineage_derived_id_fkey": "every derived_id must be the id of a memory",
         "memory_lineage_source_id_fkey": "every source_id must be the id of a memory",
         "memory_lineage_pair_key": "each (derived_id, source_id) pair must appear once",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import command
@@ -84,6 +85,11 @@ def _alembic_config() -> Config:
 
 def _scripts() -> ScriptDirectory:
     return ScriptDirectory.from_config(_alembic_config())
+
+
+def migration(revision: str) -> Any:
+    """A migration's module (adoption reads what 0001 adds, kept there alone)."""
+    return _scripts().get_revision(revision).module
 
 
 def head_revision() -> str:

@@ -429,3 +429,43 @@ def test_an_identity_always_contract_column_is_named(empty_database_url, monkeyp
     refused(monkeypatch, url, capsys, "column access_count is an identity column", fix)
     execute(url, fix)
     assert migrate(monkeypatch, url, capsys)[0] == 0
+
+
+def test_a_check_of_migrates_name_wider_than_the_contract_is_named_with_its_rows(
+    empty_database_url, monkeypatch, capsys
+):
+    """An inline CHECK (importance BETWEEN 0 AND 10) is named memories_importance_check by
+    PostgreSQL, and migrate kept it in place of its own: rows with importance 0 and 7 were
+    adopted and their decay score stayed NULL forever (found by a review). It is named with
+    the rows outside 1..5 and the UPDATE; run as told, migrate's own CHECK is in force. One
+    saying what migrate's says, however written, is kept."""
+    url = empty_database_url
+    execute(url, app_store().replace(
+        "importance smallint NOT NULL DEFAULT 3,",
+        "importance smallint NOT NULL DEFAULT 3 CHECK (importance BETWEEN 0 AND 10),")
+        + "INSERT INTO memories (user_id, content, importance) VALUES ('u2', 'zero', 0),"
+          " ('u2', 'seven', 7), ('u2', 'one', 1);")  # fmt: skip
+    fix = (
+        "UPDATE memories SET importance = least(greatest(importance, 1), 5)"
+        " WHERE NOT importance BETWEEN 1 AND 5;"
+    )
+    refused(monkeypatch, url, capsys, "CHECK memories_importance_check is yours",
+            "ALTER TABLE memories DROP CONSTRAINT memories_importance_check;",
+            f"2 rows are outside it: {fix}")  # fmt: skip
+    execute(url, fix + "ALTER TABLE memories DROP CONSTRAINT memories_importance_check;"
+                 "ALTER TABLE memories ADD CONSTRAINT memories_importance_check"
+                 " CHECK (importance >= 1 AND importance <= 5);")  # fmt: skip
+    assert migrate(monkeypatch, url, capsys)[0] == 0
+    with pytest.raises(sa.exc.IntegrityError, match="memories_importance_check"):
+        execute(url, "INSERT INTO memories (user_id, content, importance) VALUES ('u', 'x', 0)")
+
+
+def test_a_not_valid_check_of_migrates_name_is_named(empty_database_url, monkeypatch, capsys):
+    """A NOT VALID memories_status_check was kept with the rows it never checked."""
+    url = empty_database_url
+    execute(url, app_store() + "UPDATE memories SET status = 'archived';"
+                 "ALTER TABLE memories ADD CONSTRAINT memories_status_check CHECK"
+                 " (status IN ('active', 'obsolete', 'merged', 'deleted')) NOT VALID;")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2 and "VALIDATE CONSTRAINT memories_status_check" in err, err
+    assert "is yours" not in err, err

@@ -191,3 +191,13 @@ SELECT a.attname
 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
 WHERE d.adrelid = to_regclass('pg_temp.memory_gc_probe')
   AND pg_get_expr(d.adbin, d.adrelid) LIKE '%nextval(%'
+
+-- contract_check_definitions --
+-- The definitions of the CHECKs of the given names on memories and on adoption's copy of its
+-- columns (pg_temp.memory_gc_contract), as PostgreSQL prints them: an application's CHECK of
+-- one of migrate's names is kept in place of migrate's, so it must say the same.
+SELECT c.conname, pg_get_constraintdef(c.oid) AS definition,
+       c.conrelid = to_regclass('memories') AS theirs, c.convalidated AS validated
+FROM pg_constraint c
+WHERE c.conrelid IN (to_regclass('memories'), to_regclass('pg_temp.memory_gc_contract'))
+  AND c.contype = 'c' AND c.conname = ANY(:names)
