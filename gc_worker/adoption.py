@@ -91,6 +91,7 @@ def prepare(conn: Connection, embedding_dim: int) -> None:
     who = _require_schema_privilege(conn)
     _ensure_pgvector(conn, who)
     _require_one_schema(conn, who)
+    _require_temp_privilege(conn, who)
     problems = [
         *memories_problems(conn, embedding_dim),
         *lineage_problems(conn),
@@ -122,6 +123,20 @@ def _require_schema_privilege(conn: Connection) -> Any:
             f"{RERUN}"
         )
     return who
+
+
+def _require_temp_privilege(conn: Connection, who: Any) -> None:
+    """Adopting probes the application's CHECKs on temporary copies of memories: a role
+    without TEMPORARY on the database (REVOKE TEMPORARY … FROM PUBLIC, a common hardening)
+    failed there, exit 1. A store migrate creates itself needs no probe."""
+    if who.can_create_temp or _relation(conn, "memories") is None:
+        return
+    raise ConfigError(
+        f"role {who.role_name} may not create temporary tables in database "
+        f"{who.database_name}, and adopting the existing memories table checks its rules on "
+        f"a temporary copy (rolled back): GRANT TEMPORARY ON DATABASE {who.database_name} TO "
+        f"{who.role_name};, {RERUN}"
+    )
 
 
 def _require_one_schema(conn: Connection, who: Any) -> None:

@@ -469,3 +469,26 @@ def test_a_not_valid_check_of_migrates_name_is_named(empty_database_url, monkeyp
     code, _, err = migrate(monkeypatch, url, capsys)
     assert code == 2 and "VALIDATE CONSTRAINT memories_status_check" in err, err
     assert "is yours" not in err, err
+
+
+def test_a_role_without_temporary_tables_is_told_the_grant(
+    empty_database_url, role, monkeypatch, capsys  # noqa: F811
+):  # fmt: skip
+    """REVOKE TEMPORARY ON DATABASE … FROM PUBLIC (a common hardening): adopting, which probes
+    the application's CHECKs on a temporary copy, failed with exit 1 ("permission denied to
+    create temporary tables"). Now exit 2 with the GRANT; granted, migrate adopts."""
+    url = empty_database_url
+    name = sa.engine.make_url(url).database
+    execute(url, app_store() + f"GRANT CREATE ON SCHEMA public TO {role};"
+            f"ALTER TABLE memories OWNER TO {role}; ALTER TABLE memory_lineage OWNER TO {role};"
+            f"ALTER VIEW active_memories OWNER TO {role};"
+            f"REVOKE TEMPORARY ON DATABASE {name} FROM PUBLIC;")  # fmt: skip
+    try:
+        code, _, err = migrate(monkeypatch, as_role(url, role), capsys)
+        assert code == 2 and f"GRANT TEMPORARY ON DATABASE {name} TO {role};" in err, err
+        assert scalar(url, "SELECT to_regclass('gc_runs') IS NULL")
+        execute(url, f"GRANT TEMPORARY ON DATABASE {name} TO {role};")
+        code, _, err = migrate(monkeypatch, as_role(url, role), capsys)
+        assert code == 0, err
+    finally:
+        execute(url, f"DROP OWNED BY {role}")

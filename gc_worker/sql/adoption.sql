@@ -1,8 +1,10 @@
 -- migrate_prerequisites --
--- Who migrates where, and whether that role may create tables in the schema objects go to.
+-- Who migrates where, whether that role may create tables in the schema objects go to, and
+-- temporary tables (adoption probes the application's CHECKs on a temporary copy).
 SELECT current_user AS role_name, current_database() AS database_name,
        current_schema() AS schema_name,
-       coalesce(has_schema_privilege(current_schema(), 'CREATE'), false) AS can_create
+       coalesce(has_schema_privilege(current_schema(), 'CREATE'), false) AS can_create,
+       has_database_privilege(current_database(), 'TEMPORARY') AS can_create_temp
 
 -- relation_of --
 -- A relation of the search path by name: its kind, owner, and whether this role may alter it.
