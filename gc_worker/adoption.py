@@ -20,6 +20,8 @@ lineage keys, the view). Rows that break a CHECK or key it adds roll the whole m
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,6 +98,7 @@ def prepare(conn: Connection, embedding_dim: int) -> None:
         *memories_problems(conn, embedding_dim),
         *lineage_problems(conn),
         *_misplaced_index_problems(conn),
+        *_clashing_name_problems(conn),
     ]
     if problems:
         listed = "".join(f"\n  - {problem}" for problem in problems)
@@ -654,6 +657,35 @@ def _misplaced_index_problems(conn: Connection) -> list[str]:
         f"index {row.index_name} is on {row.table_name}, and migrate names one of its own "
         f"indexes so: ALTER INDEX {row.index_name} RENAME TO …; (or drop it)"
         for row in conn.execute(q("misplaced_indexes"), {"names": list(INDEXES)})
+    ]
+
+
+# What a migration creates, by name (a trigger's name is its table's: those tables are new).
+CREATED = re.compile(
+    r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:UNIQUE\s+)?(?:TABLE|INDEX|VIEW|FUNCTION)\s+"
+    r"(?:IF\s+NOT\s+EXISTS\s+)?(\w+)"
+)
+ADOPTED = {"memories", "memory_lineage", "active_memories", *INDEXES}  # checked apart, or kept
+
+
+@functools.cache
+def created_names() -> frozenset[str]:
+    """The names memory-gc's migrations create objects under, read from the migrations (so a
+    new one is covered): an application's object of one made migrate fail half-way (a gc_runs
+    table: DuplicateTable; a memory_gc_trust function: DuplicateFunction), exit 1."""
+    from gc_worker import schema  # it imports this module
+
+    sources = (path.read_text() for path in (schema.MIGRATIONS / "versions").glob("*.py"))
+    return frozenset(name for text in sources for name in CREATED.findall(text)) - ADOPTED
+
+
+def _clashing_name_problems(conn: Connection) -> list[str]:
+    return [
+        f"{row.kind} {row.name} is yours, and memory-gc creates one of that name (its own "
+        f"tables are gc_*, its functions and views memory_gc_*): rename yours (ALTER "
+        f"{'TABLE' if row.kind == 'table' else row.kind.upper()} {row.name} RENAME TO …;) or "
+        f"drop it"
+        for row in conn.execute(q("clashing_names"), {"names": sorted(created_names())})
     ]
 
 

@@ -203,3 +203,22 @@ SELECT c.conname, pg_get_constraintdef(c.oid) AS definition,
 FROM pg_constraint c
 WHERE c.conrelid IN (to_regclass('memories'), to_regclass('pg_temp.memory_gc_contract'))
   AND c.contype = 'c' AND c.conname = ANY(:names)
+
+-- clashing_names --
+-- Objects of the given names in the schema memory-gc creates its own in (the first of the
+-- search_path): a relation (table, view, index, sequence), a function, or a type of its own.
+SELECT o.kind, o.name FROM (
+    SELECT CASE c.relkind WHEN 'i' THEN 'index' WHEN 'I' THEN 'index' WHEN 'S' THEN 'sequence'
+                          WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+                          ELSE 'table' END AS kind, c.relname::text AS name
+    FROM pg_class c WHERE c.relnamespace = to_regnamespace(current_schema())
+      AND c.relname = ANY(:names)
+    UNION
+    SELECT 'function', p.proname::text FROM pg_proc p
+    WHERE p.pronamespace = to_regnamespace(current_schema()) AND p.proname = ANY(:names)
+    UNION
+    SELECT 'type', t.typname::text FROM pg_type t
+    WHERE t.typnamespace = to_regnamespace(current_schema()) AND t.typname = ANY(:names)
+      AND t.typrelid = 0
+) o
+ORDER BY o.name, o.kind
