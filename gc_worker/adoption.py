@@ -318,8 +318,11 @@ def _status_rows(status: str, reason: str) -> list[dict[str, str]]:
         return [row | {"valid_until": "now() - interval '1 day'"}]
     if reason == "review_rejected":  # never held: its window is left as it was
         return [row | replaced, row]
-    if status == "obsolete":  # replaced: closed at the replacement's start
-        return [row | replaced | closed]
+    if status == "obsolete":  # replaced: closed at the replacement's start, which may be the
+        # row's own start, or before it (a more trusted value that began earlier wins)
+        starts = [{"valid_from": "now()", "valid_until": until}
+                  for until in ("now()", "now() - interval '1 day'")]  # fmt: skip
+        return [row | replaced | closed] + [row | replaced | start for start in starts]
     return [row]
 
 

@@ -318,3 +318,21 @@ def test_the_urls_statement_timeout_is_kept_and_named_when_it_cancels_migrate(
     assert code == 2 and "statement_timeout" in err and "nothing was changed" in err, err
     assert "CHECK of yours" not in err, err
     assert untouched(url)
+
+
+@pytest.mark.parametrize(
+    "check", ["valid_until > valid_from", "valid_until >= valid_from"]
+)  # fmt: skip
+def test_a_check_that_a_closed_window_is_not_empty_is_refused(
+    empty_database_url, monkeypatch, capsys, check
+):
+    """A slot's loser is closed at the winner's start, which can be the loser's own start (or,
+    for a more trusted winner that began earlier, before it). The probe's obsolete rows left
+    valid_from NULL, so a natural "the window is not empty" CHECK was adopted, and every
+    contradiction batch closing such a row then failed, every night (found by a review)."""
+    url = empty_database_url
+    execute(url, app_store() + "ALTER TABLE memories ADD CONSTRAINT window_not_empty CHECK"
+                 f" (valid_until IS NULL OR valid_from IS NULL OR {check});")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2 and "CHECK window_not_empty" in err, err
+    assert untouched(url)
