@@ -6,10 +6,16 @@ table (``prepare``). Every refusal is a :class:`ConfigError` (exit 2) that says 
 - the role may create tables in the target schema (``GRANT CREATE ON SCHEMA …``);
 - pgvector is installed on the server and created in the database (a superuser may have to run
   ``CREATE EXTENSION vector``);
+- no object of the application's has a name a migration creates (``created_names``); adopting,
+  the role may create temporary tables (the CHECK probes use them);
 - a ``memories`` table the application already made fits DESIGN.md section 2: every contract
   column, of a compatible type, NOT NULL where the contract says so; ``id`` unique; the vector
   dimension equal to ``embeddings.dim``; no extra NOT NULL column without a default (the worker
-  inserts merged records); owned by the migrating role. An existing ``memory_lineage`` has
+  inserts merged records); no contract column generated or an identity; a CHECK under a name
+  of migrate's saying what migrate's says; owned by the migrating role; no rule of the
+  application's that would make the worker's writes fail (CHECKs, unique indexes, foreign keys
+  through every cascade, BEFORE INSERT/UPDATE/DELETE row triggers, write rules:
+  ``_behaviour_problems``). An existing ``memory_lineage`` has
   ``derived_id`` and ``source_id`` uuid columns and no foreign key that blocks purges.
 
 Migration 0001 then keeps the rows and adds what the worker needs (defaults, CHECKs, indexes,
