@@ -336,3 +336,32 @@ def test_a_check_that_a_closed_window_is_not_empty_is_refused(
     code, _, err = migrate(monkeypatch, url, capsys)
     assert code == 2 and "CHECK window_not_empty" in err, err
     assert untouched(url)
+
+
+def test_a_not_null_domain_column_with_a_default_does_not_fail_merges_or_their_restore(
+    empty_database_url, monkeypatch, capsys
+):
+    """An application column whose type is a NOT NULL domain, with a default, is adopted.
+    Found by a review: the worker built merged records with
+    jsonb_populate_recordset(NULL::memories, …), which runs every field the JSON lacks through
+    its type — the domain refused the NULL, and every merging batch failed, every night (and
+    so would a restore of a merge)."""
+    url = empty_database_url
+    emb = "'[1,0,0,0,0,0,0,0]'"
+    execute(url, "CREATE EXTENSION IF NOT EXISTS vector; CREATE DOMAIN tenant_id AS text NOT NULL;"
+            + app_store() + "ALTER TABLE memories ADD COLUMN tenant tenant_id DEFAULT 'acme';"
+            "INSERT INTO memories (user_id, content, embedding, created_at) VALUES"
+            f" ('u3', 'likes green tea', {emb}, '2026-04-01T00:00:00Z'),"
+            f" ('u3', 'likes green tea', {emb}, '2026-04-02T00:00:00Z');")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 0, err
+    assert cli.main(["run", "--job", "compaction", "--now", "2026-06-01T03:00:00Z"]) == 0, (
+        capsys.readouterr().err[-1500:]
+    )
+    merged = "SELECT count(*) FROM memories WHERE user_id = 'u3' AND status = 'merged'"
+    assert scalar(url, merged) == 2
+    assert scalar(url, "SELECT tenant FROM memories WHERE source = 'gc_merge'") == "acme"
+    run_id = scalar(url, "SELECT id FROM gc_runs WHERE mode = 'apply'")
+    assert cli.main(["restore", "--run", str(run_id)]) == 0, capsys.readouterr().err[-1500:]
+    assert scalar(url, merged) == 0
+    assert scalar(url, "SELECT status FROM memories WHERE source = 'gc_merge'") == "deleted"

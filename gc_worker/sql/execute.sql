@@ -77,7 +77,11 @@ WHERE m.id = a.id AND NOT m.pinned
 RETURNING m.id
 
 -- insert_records --
--- Insert records the worker creates (merges, summaries) from a JSON array of column values.
+-- Insert records the worker creates (merges, summaries) from a JSON array of column values,
+-- read as the contract's columns only (jsonb_to_recordset): populating a whole memories row
+-- would run every column the JSON lacks through its type, and an application's NOT NULL
+-- domain column refuses the NULL before its default applies. Assignment casts take each value
+-- to the store's own column type (varchar, bigint, real, …).
 INSERT INTO memories (id, user_id, content, embedding, memory_type, source, scope, slot,
                       importance, importance_assessed_at, confidence, created_at, updated_at,
                       last_accessed_at, access_count, observed_at, valid_from, valid_until,
@@ -88,7 +92,13 @@ SELECT r.id, r.user_id, r.content, r.embedding, coalesce(r.memory_type, 'semanti
        coalesce(r.updated_at, :now), r.last_accessed_at, coalesce(r.access_count, 0),
        coalesce(r.observed_at, :now), r.valid_from, r.valid_until, r.expires_at,
        coalesce(r.metadata, '{}')
-FROM jsonb_populate_recordset(NULL::memories, CAST(:records AS jsonb)) AS r
+FROM jsonb_to_recordset(CAST(:records AS jsonb))
+     AS r(id uuid, user_id text, content text, embedding vector, memory_type text, source text,
+          scope text, slot text, importance integer, importance_assessed_at timestamptz,
+          confidence double precision, created_at timestamptz, updated_at timestamptz,
+          last_accessed_at timestamptz, access_count bigint, observed_at timestamptz,
+          valid_from timestamptz, valid_until timestamptz, expires_at timestamptz,
+          metadata jsonb)
 RETURNING id
 
 -- insert_lineage --

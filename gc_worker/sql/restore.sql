@@ -122,14 +122,21 @@ SELECT id FROM memories WHERE id = ANY(:ids) AND status = 'active' FOR SHARE
 -- slot, validity, TTL, metadata, type, source, confidence, declared supersedes (none at
 -- creation), importance (unless the worker's own importance job wrote it).
 -- A record the application edited, pinned, moved or retired since is its own. Locked until
--- the restore commits.
+-- the restore commits. The record's fields are read in the store's own column types over the
+-- row itself (its other columns, an application's NOT NULL domain among them, keep their
+-- values: a NULL base row would run them through their types and fail), every compared field
+-- NULL unless the record states it.
 SELECT m.id
 FROM memories m
 JOIN unnest(CAST(:ids AS uuid[]), CAST(:users AS text[]), CAST(:records AS jsonb[]),
             CAST(:contents AS text[]), CAST(:updated AS timestamptz[]))
      AS a(id, user_id, record, content, updated_at)
   ON m.id = a.id
-CROSS JOIN LATERAL jsonb_populate_record(NULL::memories, a.record) AS r
+CROSS JOIN LATERAL jsonb_populate_record(
+    m, jsonb_build_object('scope', NULL, 'slot', NULL, 'valid_from', NULL, 'valid_until', NULL,
+                          'expires_at', NULL, 'metadata', NULL, 'memory_type', NULL,
+                          'source', NULL, 'confidence', NULL, 'importance', NULL)
+       || a.record) AS r
 WHERE m.status = 'active' AND NOT m.pinned AND m.user_id = a.user_id
   AND m.content = a.content AND m.updated_at = a.updated_at
   AND m.scope IS NOT DISTINCT FROM r.scope AND m.slot IS NOT DISTINCT FROM r.slot
