@@ -191,3 +191,23 @@ def test_a_job_that_cannot_answer_keeps_every_user_batched(engine):
         "users": {"ttl_expiry": ["busy"]},
         "ids": {},
     }
+
+
+def test_a_pinned_erased_row_past_the_deleted_window_is_found(engine):
+    """hard_delete purges an erased row, pinned or not, once either window is over: here the
+    deleted rows' 30 days, before an erasure window set longer (60). Found by a review: the
+    scan required `NOT pinned` on that branch, so the user got no batch, every night."""
+    settings = Settings.model_validate(
+        {"embeddings": {"dim": 8}, "erasure": {"retention_days": 60},
+         "hard_delete": {"retention_days": 30}}
+    )  # fmt: skip
+    gone = NOW - 40 * DAY
+    seed(engine, [row("u1", "r", status="deleted", status_reason="erasure", pinned=True,
+                      deleted_at=gone, status_changed_at=gone)])  # fmt: skip
+    with engine.connect() as conn:
+        found = triage.scan(conn, ["u1"], ["hard_delete"], settings, NOW)
+    assert found is not None and found.users["hard_delete"] == {"u1"}
+    report = run(engine, settings, jobs=["hard_delete"])
+    assert [(a["action"], a["reason"]) for a in report["actions"]] == [
+        ("hard_delete", "retention_deleted")
+    ]

@@ -44,8 +44,10 @@ AND created_at <= :usage_prune__grace_cutoff AND importance <= :usage_prune__max
 count(*) FILTER (WHERE status = 'active') > :user_cap__max_memories
 
 -- work_hard_delete --
--- hard_delete_candidates, less the pinned rows its purge_reason keeps (all but erased ones).
-bool_or((status = 'deleted' AND NOT pinned
+-- hard_delete_candidates, less the pinned rows its purge_reason keeps (all but erased ones,
+-- which either window purges: the deleted rows' too, when it is the shorter).
+bool_or((status = 'deleted'
+         AND (NOT pinned OR status_reason = ANY(:hard_delete__erasure_reasons))
          AND coalesce(deleted_at, status_changed_at) <= :hard_delete__deleted_cutoff)
      OR (status = 'deleted' AND status_reason = ANY(:hard_delete__erasure_reasons)
          AND coalesce(deleted_at, status_changed_at) <= :hard_delete__erasure_cutoff)
