@@ -18,7 +18,7 @@ are neither scored nor forgotten.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gc_worker.actions import Action, soft_delete
@@ -31,6 +31,7 @@ REASON = "decayed"
 SECONDS_PER_DAY = 86_400.0
 MAX_HALF_LIVES = 64  # beyond this the score is 0 (PostgreSQL `real` would underflow)
 MIN_CONFIDENCE = 1e-6
+EARLIEST = datetime.min.replace(tzinfo=UTC)  # gc_worker.db: what -infinity and BC load as
 
 
 def decay_anchor(row: Any) -> datetime:
@@ -40,7 +41,11 @@ def decay_anchor(row: Any) -> datetime:
 def decayed_confidence(
     confidence: float, importance: int, anchor: datetime, *, now: datetime, policy: DecaySettings
 ) -> float:
-    """The Python twin of the SQL function memory_gc_decayed (0 past 64 half-lives)."""
+    """The Python twin of the SQL function memory_gc_decayed (0 past 64 half-lives). An
+    anchor at the earliest instant Python holds stands for one it cannot (-infinity, BC:
+    gc_worker.db's loader), which SQL scores 0: so does this."""
+    if anchor <= EARLIEST:
+        return 0.0
     age_days = max((now - anchor).total_seconds(), 0.0) / SECONDS_PER_DAY
     half_lives = age_days / (policy.half_life_days * policy.importance_multipliers[importance - 1])
     if confidence < MIN_CONFIDENCE or half_lives >= MAX_HALF_LIVES:

@@ -63,6 +63,24 @@ class TestDecay:
                 )
                 assert abs(sql - py) < 1e-6 * max(py, 1e-30), (confidence, importance, age)
 
+    def test_an_anchor_before_year_1_scores_as_sql_scores_it(self, engine):
+        """A row whose every instant is -infinity: memory_gc_decayed scores it 0 (the refresh
+        stores 0, under the floor), but the Python twin read the instant as year 1 (the
+        loader's stand-in), and with a long half-life scored it far above the floor. Found by a
+        review: the row was picked every night and never forgotten."""
+        from gc_worker.config import Settings
+
+        long = Settings.model_validate(
+            {"embeddings": {"dim": 8}, "decay": {"half_life_days": 1_000_000}}
+        )
+        m = add(engine, importance=1)
+        execute(engine, "UPDATE memories SET created_at = '-infinity', updated_at = '-infinity',"
+                        " observed_at = '-infinity' WHERE id = :id", id=m)  # fmt: skip
+        run(engine, long, jobs=["decay"])
+        assert (get(engine, m)["status"], get(engine, m)["status_reason"]) == (
+            "deleted", "decayed",
+        )  # fmt: skip
+
     def test_extreme_age_scores_zero_without_error(self, engine, settings):
         """A row thousands of half-lives old scores 0 instead of failing on underflow."""
         m = add(engine, created_at=days_ago(20_000), importance=1, pinned=False)
