@@ -20,6 +20,8 @@ from alembic.util.exc import CommandError
 from sqlalchemy.engine import Connection, Engine
 
 from gc_worker import adoption
+from gc_worker.adoption_columns import dim_mismatch
+from gc_worker.adoption_guards import ROW_SECURITY, row_security_hides_rows
 from gc_worker.errors import ConfigError, DatabaseUnavailable, SchemaOutdated
 
 VERSION_TABLE = "memory_gc_alembic_version"
@@ -163,8 +165,8 @@ def require_current(engine: Engine, *, embedding_dim: int) -> None:
         )
     with engine.connect() as conn:
         check_embedding_dim(conn, embedding_dim)
-        if adoption.row_security_hides_rows(conn):  # migrate checked its own role, not this one
-            raise ConfigError(adoption.ROW_SECURITY)
+        if row_security_hides_rows(conn):  # migrate checked its own role, not this one
+            raise ConfigError(ROW_SECURITY)
 
 
 def _refuse_unknown(current: str | None) -> None:
@@ -192,4 +194,4 @@ def stored_embedding_dim(conn: Connection) -> int | None:
 def check_embedding_dim(conn: Connection, embedding_dim: int) -> None:
     stored = stored_embedding_dim(conn)
     if stored is not None and stored != embedding_dim:
-        raise ConfigError(adoption.dim_mismatch(embedding_dim, stored))
+        raise ConfigError(dim_mismatch(embedding_dim, stored))

@@ -119,7 +119,7 @@ def test_the_probe_knows_every_status_change_the_worker_writes():
     import jobs.usage_prune as usage
     import jobs.user_cap as user_cap
     from gc_worker.actions import ERASURE_REASONS
-    from gc_worker.adoption import STATUS_WRITES
+    from gc_worker.adoption_probes import STATUS_WRITES
     from gc_worker.read_rule import SUPERSESSION_REASONS
 
     written = {

@@ -516,10 +516,10 @@ def test_an_object_of_a_name_memory_gc_creates_is_named(
 
 def test_the_names_adoption_reserves_are_all_that_migrate_creates(database_url):
     """Every table, view, index, function and type migrate creates in a migrated database is
-    among adoption.created_names() (read from the migrations' text), but for those adoption
-    checks apart (memories, memory_lineage, their indexes, active_memories) and those
+    among adoption_guards.created_names() (read from the migrations' text), but for those
+    adoption checks apart (memories, memory_lineage, their indexes, active_memories) and those
     PostgreSQL names itself (sequences, constraints' indexes: it picks a free name)."""
-    from gc_worker import adoption, schema
+    from gc_worker import adoption_guards, schema
 
     created = f"""
         SELECT c.relname FROM pg_class c
@@ -539,4 +539,4 @@ def test_the_names_adoption_reserves_are_all_that_migrate_creates(database_url):
     finally:
         engine.dispose()
     assert "gc_runs" in names and "memory_gc_trust" in names
-    assert names - adoption.ADOPTED == adoption.created_names()
+    assert names - adoption_guards.ADOPTED == adoption_guards.created_names()

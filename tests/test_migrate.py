@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from gc_worker import adoption, cli, db, schema
+from gc_worker import adoption, adoption_columns, cli, db, schema
 
 from .conftest import TEST_DIM
 
@@ -132,8 +132,9 @@ class TestAdoption:
         assert scalar(url, "SELECT count(*) FROM memories") == 2
         assert scalar(url, "SELECT count(*) FROM pg_constraint WHERE conname LIKE"
                            " 'memories_%_check' AND convalidated") == 3  # fmt: skip
+        indexes = adoption_columns.INDEXES
         assert scalar(url, "SELECT count(*) FROM pg_class WHERE relname = ANY(ARRAY"
-                           f"{list(adoption.INDEXES)})") == len(adoption.INDEXES) - 1  # fmt: skip
+                           f"{list(indexes)})") == len(indexes) - 1  # fmt: skip
         # the application's primary key stands for the pair key; its narrower view is kept
         assert scalar(url, "SELECT count(*) FROM active_memories") == 2
         assert cli.main(["run", "--job", "ttl_expiry", "--now", "2026-06-01T03:00:00Z"]) == 0
@@ -345,23 +346,29 @@ class TestAdoption:
         assert untouched(url)
 
     def test_the_contract_matches_a_freshly_created_store(self, engine):
-        """adoption.MEMORIES and INDEXES say what migration 0001 creates on an empty database."""
+        """adoption_columns.MEMORIES and INDEXES say what migration 0001 creates on an empty
+        database."""
         with engine.connect() as conn:
-            columns = {col.name: col for col in adoption._columns(conn, "memories")}
-            assert list(columns) == [spec[0] for spec in adoption.MEMORIES]
-            for name, type_, not_null, default in adoption.MEMORIES:
-                assert adoption._column_problems(columns[name], type_, not_null, TEST_DIM) == []
+            columns = {col.name: col for col in adoption_columns.columns_of(conn, "memories")}
+            assert list(columns) == [spec[0] for spec in adoption_columns.MEMORIES]
+            for name, type_, not_null, default in adoption_columns.MEMORIES:
+                assert (
+                    adoption_columns._column_problems(columns[name], type_, not_null, TEST_DIM)
+                    == []
+                )
                 assert columns[name].not_null == not_null
                 assert columns[name].filled == (default is not None)
             assert adoption.memories_problems(conn, TEST_DIM) == []
-            assert adoption.lineage_problems(conn) == []
+            assert adoption_columns.lineage_problems(conn) == []
             indexes = set(
                 conn.exec_driver_sql(
                     "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid IN"
                     " ('memories'::regclass, 'memory_lineage'::regclass)"
                 ).scalars()
             )
-        assert set(adoption.INDEXES) - indexes == {"memory_lineage_pair_key"}  # the primary key
+        assert set(adoption_columns.INDEXES) - indexes == {
+            "memory_lineage_pair_key"
+        }  # the primary key
 
 
 @pytest.fixture

@@ -1,0 +1,259 @@
+"""The shape adoption holds an existing store to (DESIGN.md section 2), read from the catalog.
+
+Used by :mod:`gc_worker.adoption` before migration 0001 runs; each check returns the problems
+it finds ([] if none), each with the statement that fixes it:
+
+- ``memories``' columns (``memories_column_problems``): every contract column of ``MEMORIES``,
+  of a type ``ACCEPTED`` for it, NOT NULL where the contract says so, neither generated nor an
+  identity, the vector dimension equal to ``embeddings.dim`` (``dim_mismatch``, also said by
+  every command); no extra NOT NULL column without a default; ``id`` unique; owned by the
+  migrating role. A missing column is told how to add it (``BACKFILL``, ``UNTRACKED``);
+- ``memory_lineage`` (``lineage_problems``): ``derived_id`` and ``source_id`` uuid columns, no
+  extra NOT NULL column without a default, no foreign key that blocks purges;
+- migrate's index names (``INDEXES``): none invalid, none on another table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from gc_worker.queries import q
+
+# DESIGN.md section 2: (column, type, NOT NULL, default)
+MEMORIES: tuple[tuple[str, str, bool, str | None], ...] = (
+    ("id", "uuid", True, "gen_random_uuid()"),
+    ("user_id", "text", True, None),
+    ("content", "text", True, None),
+    ("embedding", "vector", False, None),
+    ("memory_type", "text", True, "'semantic'"),
+    ("source", "text", True, "'explicit_user_statement'"),
+    ("scope", "text", False, None),
+    ("slot", "text", False, None),
+    ("supersedes", "uuid[]", True, "'{}'"),
+    ("importance", "smallint", True, "3"),
+    ("importance_assessed_at", "timestamptz", False, None),
+    ("confidence", "real", True, "1.0"),
+    ("decayed_confidence", "real", False, None),
+    ("pinned", "boolean", True, "false"),
+    ("created_at", "timestamptz", True, "now()"),
+    ("updated_at", "timestamptz", True, "now()"),
+    ("last_accessed_at", "timestamptz", False, None),
+    ("access_count", "integer", True, "0"),
+    ("observed_at", "timestamptz", True, "now()"),
+    ("valid_from", "timestamptz", False, None),
+    ("valid_until", "timestamptz", False, None),
+    ("expires_at", "timestamptz", False, None),
+    ("status", "text", True, "'active'"),
+    ("status_reason", "text", False, None),
+    ("status_changed_at", "timestamptz", False, None),
+    ("superseded_by", "uuid", False, None),
+    ("deleted_at", "timestamptz", False, None),
+    ("metadata", "jsonb", True, "'{}'"),
+)
+LINEAGE = (("derived_id", "uuid"), ("source_id", "uuid"))
+# format_type() spellings each contract type accepts (a varchar(n) is refused: ALTER … TYPE text
+# is a catalog-only change, while a bound could reject a merged record's text)
+ACCEPTED = {
+    "text": {"text", "character varying"},
+    "timestamptz": {"timestamp with time zone"},
+    "integer": {"integer", "bigint"},
+}
+# the indexes migration 0001 creates; one an operator built CONCURRENTLY beforehand is kept
+INDEXES = (
+    "memories_user_status_idx",
+    "memories_ttl_idx",
+    "memories_deleted_idx",
+    "memories_history_idx",
+    "memories_slot_idx",
+    "memories_valid_until_idx",
+    "memory_lineage_source_idx",
+    "memory_lineage_pair_key",
+)
+RELATION_KINDS = {"r": "table", "p": "table", "v": "view", "m": "materialized view",
+                  "f": "foreign table"}  # fmt: skip
+
+
+def memories_column_problems(conn: Connection, relation: Any, embedding_dim: int) -> list[str]:
+    """What keeps the columns of an application's ``memories`` table (a table: ``relation``)
+    from being adopted, and its owner."""
+    columns = {col.name: col for col in columns_of(conn, "memories")}
+    problems = _owner_problem(relation, "memories")
+    for name, type_, not_null, default in MEMORIES:
+        column = columns.get(name)
+        if column is None:
+            fix = _add_column(name, type_, not_null, default, embedding_dim)
+            problems.append(f"missing column {name}: {fix}")
+            continue
+        problems += _column_problems(column, type_, not_null, embedding_dim)
+    problems += [
+        f"column {col.name} is NOT NULL without a default, and memory-gc inserts merged "
+        f"records without it: ALTER TABLE memories ALTER COLUMN {col.name} SET DEFAULT …; "
+        f"(or DROP NOT NULL)"
+        for col in columns.values()
+        if col.name not in {spec[0] for spec in MEMORIES} and col.not_null and not col.filled
+    ]
+    if "id" in columns and not conn.execute(q("id_is_unique")).scalar():
+        problems.append("id is not unique on its own: ALTER TABLE memories ADD PRIMARY KEY (id);")
+    return problems
+
+
+def _column_problems(column: Any, type_: str, not_null: bool, embedding_dim: int) -> list[str]:
+    name, problems = column.name, []
+    if type_ == "vector":
+        stored = _vector_dim(column.type_name)
+        if column.base_type != "vector":
+            problems.append(
+                f"column embedding is {column.type_name}, memory-gc needs vector({embedding_dim})"
+            )
+        elif stored is not None and stored != embedding_dim:
+            problems.append(dim_mismatch(embedding_dim, stored))
+    elif column.type_name not in ACCEPTED.get(type_, {type_}):
+        problems.append(
+            f"column {name} is {column.type_name}, memory-gc needs {type_}: "
+            f"ALTER TABLE memories ALTER COLUMN {name} TYPE {type_};"
+        )
+    if not_null and not column.not_null:
+        problems.append(
+            f"column {name} allows NULL, memory-gc needs a value in every row: fill its NULLs, "
+            f"then ALTER TABLE memories ALTER COLUMN {name} SET NOT NULL;"
+        )
+    return problems + _generated_problems(column)
+
+
+def _generated_problems(column: Any) -> list[str]:
+    """A contract column the database computes refuses the worker's writes (a merged record
+    names slot: GENERATED ALWAYS … STORED failed every merging batch, every night), and a
+    VIRTUAL one (PostgreSQL 18) refuses migrate's own indexes (exit 1, FeatureNotSupported),
+    and an identity column (access_count) the worker's value or migrate's default."""
+    name = column.name
+    plain = (
+        f"ALTER TABLE memories RENAME COLUMN {name} TO {name}_generated; ALTER TABLE memories "
+        f"ADD COLUMN {name} {column.type_name}; UPDATE memories SET {name} = {name}_generated; "
+        f"ALTER TABLE memories DROP COLUMN {name}_generated;"
+    )
+    if column.generated:
+        fix = f"ALTER TABLE memories ALTER COLUMN {name} DROP EXPRESSION;"
+        return [
+            f"column {name} is generated by the database, and memory-gc writes and indexes it "
+            f"(merged records, status changes): make it a plain column the application writes: "
+            + (fix if column.generated == "s" else plain)
+        ]
+    if column.identity:  # ALWAYS refuses the worker's value; either refuses migrate's default
+        return [
+            f"column {name} is an identity column, and memory-gc writes it and gives it the "
+            f"contract's default: ALTER TABLE memories ALTER COLUMN {name} DROP IDENTITY;"
+        ]
+    return []
+
+
+def dim_mismatch(embedding_dim: int, stored: int) -> str:
+    return (
+        f"embeddings.dim = {embedding_dim} but the store's embedding column is "
+        f"vector({stored}); set embeddings.dim = {stored} (MEMORY_GC_EMBEDDINGS__DIM={stored})"
+    )
+
+
+def _vector_dim(type_name: str) -> int | None:
+    inside = type_name.partition("(")[2].rstrip(")")
+    return int(inside) if inside.isdigit() else None
+
+
+# Columns whose existing rows should start from another column's value, not from the default:
+# observed_at defaulting to now() would stamp every existing row with one instant, and the
+# read rule and the contradiction job would then rank a slot's values by creation time alone.
+BACKFILL = {"observed_at": "created_at"}
+# Columns an application that never tracked them leaves NULL, and what that would mean.
+UNTRACKED = {
+    "last_accessed_at": (
+        " (NULL is 'never used': the first usage_prune would then retire every row older than "
+        "usage_prune.unused_days at or below its max_importance, the default importance 3 "
+        "included. To count use from the adoption on instead, also run UPDATE memories SET "
+        "last_accessed_at = now(); — or start with [usage_prune] enabled = false)"
+    ),
+}
+
+
+def _add_column(name: str, type_: str, not_null: bool, default: str | None, dim: int) -> str:
+    """The statements that add a missing contract column."""
+    base = f"{name} {f'vector({dim})' if type_ == 'vector' else type_}"
+    source = BACKFILL.get(name)
+    if source is None:
+        ddl = base + (" NOT NULL" if not_null else "") + (f" DEFAULT {default}" if default else "")
+        return f"ALTER TABLE memories ADD COLUMN {ddl};" + UNTRACKED.get(name, "")
+    tail = ", ".join(
+        [f"ALTER COLUMN {name} SET DEFAULT {default}"] * bool(default)
+        + [f"ALTER COLUMN {name} SET NOT NULL"] * not_null
+    )
+    return (
+        f"ALTER TABLE memories ADD COLUMN {base}; UPDATE memories SET {name} = {source}; "
+        f"ALTER TABLE memories {tail};"
+    )
+
+
+def _owner_problem(relation: Any, name: str) -> list[str]:
+    if relation.owned:
+        return []
+    return [
+        f"{name} belongs to role {relation.owner}, and migrate alters it: run "
+        f"`memory-gc migrate` as {relation.owner} (or GRANT {relation.owner} TO the role it "
+        "runs as)"
+    ]
+
+
+def invalid_index_problems(conn: Connection) -> list[str]:
+    return [
+        f"index {name} is invalid (a CREATE INDEX CONCURRENTLY that failed) and migrate keeps "
+        f"an index of that name: DROP INDEX {name}; and build it again (or let migrate build it)"
+        for name in conn.execute(q("invalid_indexes"), {"names": list(INDEXES)}).scalars()
+    ]
+
+
+def misplaced_index_problems(conn: Connection) -> list[str]:
+    """An index of one of migrate's names on another table (a leftover memories_old): migrate
+    would take it for its own and the store would go without it."""
+    return [
+        f"index {row.index_name} is on {row.table_name}, and migrate names one of its own "
+        f"indexes so: ALTER INDEX {row.index_name} RENAME TO …; (or drop it)"
+        for row in conn.execute(q("misplaced_indexes"), {"names": list(INDEXES)})
+    ]
+
+
+def lineage_problems(conn: Connection) -> list[str]:
+    """What keeps an existing ``memory_lineage`` table from being adopted ([] if none)."""
+    relation = relation_of(conn, "memory_lineage")
+    if relation is None:
+        return []
+    if relation.relkind not in ("r", "p"):
+        return ["memory_lineage is not a table; memory-gc needs (derived_id uuid, source_id uuid)"]
+    columns = {col.name: col for col in columns_of(conn, "memory_lineage")}
+    problems = _owner_problem(relation, "memory_lineage")
+    for name, type_ in LINEAGE:
+        if name not in columns or columns[name].type_name != type_:
+            problems.append(
+                f"memory_lineage.{name} must be a uuid column (the id of a memory): "
+                f"ALTER TABLE memory_lineage ADD COLUMN {name} uuid; (or ALTER … TYPE uuid)"
+            )
+    problems += [
+        f"memory_lineage.{col.name} is NOT NULL without a default, and memory-gc records "
+        f"lineage as (derived_id, source_id) only: ALTER TABLE memory_lineage ALTER COLUMN "
+        f"{col.name} SET DEFAULT …; (or DROP NOT NULL)"
+        for col in columns.values()
+        if col.name not in {name for name, _ in LINEAGE} and col.not_null and not col.filled
+    ]
+    problems += [
+        f"memory_lineage's foreign key {name} does not cascade deletes, so purging a memory "
+        f"would fail: ALTER TABLE memory_lineage DROP CONSTRAINT {name}; (migrate adds one "
+        "with ON DELETE CASCADE)"
+        for name in conn.execute(q("lineage_keys_without_cascade")).scalars()
+    ]
+    return problems
+
+
+def relation_of(conn: Connection, name: str) -> Any:
+    return conn.execute(q("relation_of"), {"name": name}).one_or_none()
+
+
+def columns_of(conn: Connection, name: str) -> list[Any]:
+    return list(conn.execute(q("columns_of"), {"name": name}))
