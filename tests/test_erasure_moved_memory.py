@@ -149,3 +149,27 @@ def test_asking_again_scrubs_what_an_earlier_completion_left(engine, settings, c
     assert main(["verify-erasure", "--memory", str(m)]) == 0
     (request,) = requests(engine)
     assert request["status"] == "completed" and request["verified_at"] is not None
+
+
+def test_a_row_the_application_soft_deleted_without_a_reason_is_not_erased(engine, settings):
+    """The application soft-deletes m itself (status 'deleted', status_reason NULL: the
+    contract allows it), the user asks to forget m, and the application holds m's row while the
+    nightly run would erase it. Found by a review: `NOT (status = 'deleted' AND status_reason =
+    ANY(…))` is NULL for a NULL reason, so the request completed with m still stored (its text
+    kept until retention) and the earlier user's audit was scrubbed as if m were erased."""
+    m, _ = moved_after_audit(engine, settings)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE memories SET status = 'deleted', deleted_at = :t"
+                             " WHERE id = :m"), {"t": NOW, "m": m})  # fmt: skip
+        assert erasure.gone_ids(conn, [m]) == []
+    erasure.forget(engine, settings, now=NOW + DAY, memory_id=m)
+    with engine.connect() as app:  # holds m: the erasure drifts
+        app.execute(sa.text("SELECT 1 FROM memories WHERE id = :m FOR UPDATE"), {"m": m})
+        run(engine, settings, jobs=["erasure"], now=NOW + DAY)
+        app.rollback()
+    assert requests(engine)[0]["status"] == "pending"
+    assert audit_rows(engine, m)[0]["content_preview"] == "Sees Dr Quillfeather on Tuesdays"
+    run(engine, settings, jobs=["erasure"], now=NOW + DAY)  # not held now: erased, completed
+    assert requests(engine)[0]["status"] == "completed"
+    assert get(engine, m)["status_reason"] == "erasure"
+    assert audit_rows(engine, m)[0]["content_preview"] is None

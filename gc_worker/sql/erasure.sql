@@ -87,7 +87,8 @@ ON CONFLICT DO NOTHING
 SELECT i.id FROM unnest(CAST(:ids AS uuid[])) AS i(id)
 WHERE NOT EXISTS (SELECT 1 FROM memories m
                   WHERE m.id = i.id
-                    AND NOT (m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons)))
+                    AND NOT coalesce(m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons),
+                                  false))
 
 -- erasure_scrub_actions --
 -- Strip content from the audit and plans of erased memories; ids, action and reason stay. Every
@@ -237,7 +238,7 @@ WITH RECURSIVE pending AS (
 ), still_open AS (
     SELECT r.request_id
     FROM reach r JOIN memories m ON m.id = r.memory_id
-    WHERE NOT (m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons))
+    WHERE NOT coalesce(m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons), false)
     UNION  -- misfiled: the memory is another user's; left pending for the operator
     SELECT p.id
     FROM pending p JOIN memories m ON m.id = p.memory_id AND m.user_id <> p.user_id

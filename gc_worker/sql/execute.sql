@@ -44,7 +44,7 @@ FROM memory_lineage l
 JOIN memories s ON s.id = l.source_id
 JOIN memories d ON d.id = l.derived_id AND d.user_id = s.user_id
 WHERE l.source_id = ANY(:ids) AND NOT (d.id = ANY(:erasing))
-  AND NOT (d.status = 'deleted' AND d.status_reason = ANY(:erasure_reasons))
+  AND NOT coalesce(d.status = 'deleted' AND d.status_reason = ANY(:erasure_reasons), false)
 
 -- active_counts --
 -- Active rows per user (user_cap's premise, details.user_active).

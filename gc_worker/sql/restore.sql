@@ -104,7 +104,8 @@ FROM unnest(CAST(:ids AS uuid[]), CAST(:expect AS smallint[]), CAST(:priors AS j
      AS a(id, expect, prior, action_id, user_id)
 WHERE m.id = a.id AND m.user_id = a.user_id
   AND m.importance = a.expect AND m.importance_assessed_at = :run_now
-  AND NOT (m.status = 'deleted' AND m.status_reason IN ('erasure', 'erasure_tombstone'))
+  AND NOT coalesce(m.status = 'deleted' AND m.status_reason IN ('erasure', 'erasure_tombstone'),
+                   false)
   AND NOT EXISTS (SELECT 1 FROM gc_actions g
                   WHERE g.memory_id = m.id AND g.id > a.action_id AND g.run_id <> :run_id
                     AND g.outcome = 'applied' AND g.action = 'set_importance')
