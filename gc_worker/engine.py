@@ -131,7 +131,7 @@ def start_apply(
     max_age_hours: float | None = None,
 ) -> UUID:
     """Record an apply run of a completed dry run (refused if it was already applied, or if
-    it was made more than ``max_age_hours`` ago — default: the plan's run.max_plan_age_hours).
+    it finished more than ``max_age_hours`` ago — default: the plan's run.max_plan_age_hours).
 
     If an earlier apply of the same plan stopped with batches still pending (the process was
     killed, the database lost) and nobody is working it, that apply run is taken up again
@@ -173,7 +173,7 @@ def start_apply(
 
 
 def check_plan_age(conn: Connection, plan: dict[str, Any], max_age_hours: float | None) -> None:
-    """Refuse a plan older than the limit (the server's clock against its start)."""
+    """Refuse a plan older than the limit (the server's clock against its finish)."""
     if plan["mode"] != "dry_run" or plan["finished_at"] is None:
         return
     limit = max_age_hours or settings_of(plan).plan_age_limit_hours

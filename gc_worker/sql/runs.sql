@@ -174,10 +174,9 @@ ORDER BY started_at DESC LIMIT :limit
 UPDATE gc_runs SET status = 'completed', finished_at = clock_timestamp() WHERE id = :run_id
 
 -- plan_age_hours --
--- How long ago (server clock) a plan was made, in hours: from its start, not its end — a plan
--- a daemon resumed days after it stopped finishes late but still carries its old instant.
-SELECT extract(epoch FROM clock_timestamp() - least(started_at, finished_at)) / 3600
-FROM gc_runs WHERE id = :run_id
+-- How long ago (server clock) a run finished, in hours (the review window counts from the end
+-- too; a plan a daemon stopped is resumed only while its instant is recent: close_unresumable).
+SELECT extract(epoch FROM clock_timestamp() - finished_at) / 3600 FROM gc_runs WHERE id = :run_id
 
 -- run_failed_batches --
 -- A run's failed batches (gc_worker.report).

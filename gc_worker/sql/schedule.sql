@@ -119,8 +119,7 @@ WHERE slot IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL
 ORDER BY finished_at
 
 -- reject_stale_plans --
--- Nightly plans older than run.max_plan_age_hours that nobody applied: never to be applied. A
--- plan is as old as its start (plan_age_hours).
+-- Nightly plans older than run.max_plan_age_hours that nobody applied: never to be applied.
 UPDATE gc_runs
 SET status = 'rejected',
     error = coalesce(error || '; ', '')
@@ -129,8 +128,7 @@ WHERE slot IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL
   AND (status = 'completed'
        OR (status = 'failed' AND NOT EXISTS (
                SELECT 1 FROM gc_run_batches b WHERE b.run_id = gc_runs.id AND b.state = 'pending')))
-  AND least(started_at, finished_at)
-      < clock_timestamp() - make_interval(secs => :max_age_hours * 3600)
+  AND finished_at < clock_timestamp() - make_interval(secs => :max_age_hours * 3600)
 RETURNING id
 
 -- reject_plan --
