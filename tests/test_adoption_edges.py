@@ -365,3 +365,40 @@ def test_a_not_null_domain_column_with_a_default_does_not_fail_merges_or_their_r
     assert cli.main(["restore", "--run", str(run_id)]) == 0, capsys.readouterr().err[-1500:]
     assert scalar(url, merged) == 0
     assert scalar(url, "SELECT status FROM memories WHERE source = 'gc_merge'") == "deleted"
+
+
+@pytest.mark.parametrize("runtime_path", ["public,ext", "public"])
+def test_records_are_made_with_pgvector_off_the_workers_search_path(
+    empty_database_url, monkeypatch, capsys, settings, runtime_path
+):
+    """pgvector in its own schema, visible when migrate ran, not on the search path the worker
+    runs with later (another role, another URL). Found by a review: insert_records named the
+    type `vector` and every merging batch failed; it now reads the embedding as real[], which
+    pgvector casts on assignment."""
+    from tests.store import run
+
+    def with_path(path: str) -> str:
+        sep = "&" if "?" in empty_database_url else "?"
+        return f"{empty_database_url}{sep}options=-csearch_path%3D{path}"
+
+    execute(empty_database_url, "CREATE SCHEMA ext; CREATE EXTENSION vector SCHEMA ext;")
+    store = with_path("public,ext")
+    execute(store, app_store().replace("CREATE EXTENSION IF NOT EXISTS vector;", ""))
+    code, _, err = migrate(monkeypatch, store, capsys)
+    assert code == 0, err
+    emb = "[" + ",".join(["1"] + ["0"] * 7) + "]"
+    rows = [f"('u9', 'Lives in Lyon', '{emb}', '2026-05-0{d}Z', '2026-05-31Z', 5)" for d in (1, 2)]
+    columns = "user_id, content, embedding, created_at, last_accessed_at, importance"
+    execute(
+        store, f"DELETE FROM memories; INSERT INTO memories ({columns}) VALUES " + ", ".join(rows)
+    )
+    engine = db.make_engine(with_path(runtime_path))
+    try:
+        report = run(engine, settings, jobs=["compaction"])
+        assert report["status"] == "completed", report.get("error")
+        with engine.connect() as conn:
+            merged = conn.execute(sa.text("SELECT embedding::text FROM memories"
+                                          " WHERE source = 'gc_merge'")).scalar_one()  # fmt: skip
+        assert merged == emb
+    finally:
+        engine.dispose()

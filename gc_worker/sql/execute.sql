@@ -81,7 +81,8 @@ RETURNING m.id
 -- read as the contract's columns only (jsonb_to_recordset): populating a whole memories row
 -- would run every column the JSON lacks through its type, and an application's NOT NULL
 -- domain column refuses the NULL before its default applies. Assignment casts take each value
--- to the store's own column type (varchar, bigint, real, …).
+-- to the store's own column type (varchar, bigint, real, …; the embedding as real[], which
+-- pgvector casts to vector on assignment: the type need not be on the search_path).
 INSERT INTO memories (id, user_id, content, embedding, memory_type, source, scope, slot,
                       importance, importance_assessed_at, confidence, created_at, updated_at,
                       last_accessed_at, access_count, observed_at, valid_from, valid_until,
@@ -93,7 +94,7 @@ SELECT r.id, r.user_id, r.content, r.embedding, coalesce(r.memory_type, 'semanti
        coalesce(r.observed_at, :now), r.valid_from, r.valid_until, r.expires_at,
        coalesce(r.metadata, '{}')
 FROM jsonb_to_recordset(CAST(:records AS jsonb))
-     AS r(id uuid, user_id text, content text, embedding vector, memory_type text, source text,
+     AS r(id uuid, user_id text, content text, embedding real[], memory_type text, source text,
           scope text, slot text, importance integer, importance_assessed_at timestamptz,
           confidence double precision, created_at timestamptz, updated_at timestamptz,
           last_accessed_at timestamptz, access_count bigint, observed_at timestamptz,
