@@ -103,16 +103,16 @@ def _write_trigger_problems(conn: Connection) -> list[str]:
     """BEFORE INSERT / DELETE row triggers and write rules on memories: a soft-delete trigger
     returning NULL, or a DO INSTEAD rule, turned every purge into nothing (the batch failed every
     night, a forget-user --purge-now never completed); a dedupe trigger returning NULL every
-    merging batch. Refused whatever they do, as a BEFORE UPDATE trigger on any column is: what a
-    trigger function does with the worker's rows cannot be read from the catalog."""
+    merging batch. A trigger is refused when its function's source can skip the row (RETURN
+    NULL) or, on DELETE, refuse it (RAISE EXCEPTION): one that fills columns (a search vector)
+    is adopted; a rule when it is DO INSTEAD (a DO ALSO audit rule adds a statement)."""
     problems = [
         f"trigger {row.tgname} fires BEFORE "
         f"{' OR '.join(['INSERT'] * row.on_insert + ['DELETE'] * row.on_delete)} on each row "
         "of memories, and can skip or change a row the worker inserts (a merged record) or "
         "purges (a soft-delete or dedupe trigger returning NULL): every such batch would fail, "
         f"every night. DROP TRIGGER {row.tgname} ON memories; then soft-delete or dedupe in "
-        "the application's own statements (a column default, or an AFTER trigger, which "
-        "cannot skip the row, does what a trigger filling columns did)"
+        "the application's own statements (or make the function return the row it is given)"
         for row in conn.execute(q("row_write_triggers"))
     ]
     return problems + [

@@ -369,6 +369,32 @@ ALTER TABLE memories ENABLE REPLICA TRIGGER memories_replicated;""",
     assert code == 0, err
 
 
+def test_a_search_vector_trigger_and_an_audit_rule_are_fine(
+    empty_database_url, monkeypatch, capsys
+):
+    """A trigger that fills a column of each new row (PostgreSQL's tsvector_update_trigger, or
+    a plpgsql one returning NEW) skips nothing, and a DO ALSO rule adds a statement beside the
+    worker's. Found by a review: the first version of the guard refused both."""
+    url = empty_database_url
+    execute(
+        url,
+        app_store()
+        + """
+ALTER TABLE memories ADD COLUMN search tsvector;
+CREATE TRIGGER memories_search BEFORE INSERT OR UPDATE OF content ON memories
+    FOR EACH ROW EXECUTE FUNCTION tsvector_update_trigger(search, 'pg_catalog.english', content);
+CREATE FUNCTION app_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.metadata := coalesce(NEW.metadata, '{}'); RETURN NEW; END $$;
+CREATE TRIGGER memories_stamp BEFORE INSERT ON memories
+    FOR EACH ROW EXECUTE FUNCTION app_stamp();
+CREATE TABLE memory_deletions (id uuid, at timestamptz DEFAULT now());
+CREATE RULE log_delete AS ON DELETE TO memories
+    DO ALSO INSERT INTO memory_deletions (id) VALUES (OLD.id);""",
+    )
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 0, err
+
+
 def test_a_key_onto_a_table_a_purge_empties_by_cascade_is_named(
     empty_database_url, monkeypatch, capsys
 ):

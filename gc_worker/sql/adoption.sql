@@ -105,23 +105,29 @@ ORDER BY 1
 
 -- row_write_triggers --
 -- BEFORE INSERT / BEFORE DELETE row triggers on memories that fire in the worker's session
--- (enabled, or ALWAYS; a REPLICA one does not fire): one may skip the row (RETURN NULL, as a
--- soft-delete or dedupe trigger does) or change it, and the worker's purges and merged records
--- would then do nothing, every night. (Adoption runs before any migration: memory-gc's own
--- tombstone trigger, which the application may attach later, cannot be on the table yet.)
+-- (enabled, or ALWAYS; a REPLICA one does not fire) whose function can skip the row (RETURN
+-- NULL, as a soft-delete or dedupe trigger does) or, on DELETE, refuse it (RAISE EXCEPTION):
+-- the worker's purges and merged records would then fail, every night. One that fills columns
+-- (a full-text search vector) skips nothing; a function whose source cannot be read (C, as
+-- tsvector_update_trigger) is taken at its word. (Adoption runs before any migration: memory-
+-- gc's own tombstone trigger, which the application may attach later, is not on the table yet.)
 SELECT t.tgname, (t.tgtype & 4) = 4 AS on_insert, (t.tgtype & 8) = 8 AS on_delete
-FROM pg_trigger t
+FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
 WHERE t.tgrelid = to_regclass('memories') AND NOT t.tgisinternal AND t.tgenabled IN ('O', 'A')
   AND (t.tgtype & 1) = 1 AND (t.tgtype & 2) = 2 AND (t.tgtype & 12) <> 0
+  AND (p.prosrc ~* '\mreturn\s+null\M'
+       OR ((t.tgtype & 8) = 8 AND p.prosrc ~* '\mraise\s+exception\M'))
 ORDER BY 1
 
 -- write_rules --
--- Rules on memories other than a view's SELECT: an ON DELETE / INSERT / UPDATE rule rewrites
--- the worker's statements (DO INSTEAD: "cannot perform DELETE RETURNING", or nothing done).
+-- DO INSTEAD rules on memories other than a view's SELECT: an ON DELETE / INSERT / UPDATE rule
+-- that replaces the worker's statements ("cannot perform DELETE RETURNING", or nothing done).
+-- A DO ALSO rule (an audit log) adds a statement and leaves the worker's as it was.
 SELECT r.rulename, CASE r.ev_type WHEN '2' THEN 'UPDATE' WHEN '3' THEN 'INSERT'
                                    ELSE 'DELETE' END AS event
 FROM pg_rewrite r
 WHERE r.ev_class = to_regclass('memories') AND r.ev_type <> '1' AND r.ev_enabled <> 'D'
+  AND r.is_instead
 ORDER BY 1
 
 -- foreign_checks --
