@@ -138,10 +138,14 @@ class BatchContext:
             if action.action is Kind.CREATE_MERGED:
                 self.created[action.user_id] += 1
             if action.action is Kind.REVIEW or (
-                action.action is Kind.DEFERRED and action.job == "contradiction"
+                action.action is Kind.DEFERRED
+                and action.job == "contradiction"
+                and action.details.get("facts_differ", True)
             ):
                 # a conflict a person or the model has yet to judge: merging one side first
                 # would decide it (a merged record takes its earliest member's start, so a
-                # fact restated after a conflicting one would then count as the older)
+                # fact restated after a conflicting one would then count as the older). A
+                # deferred pair no verdict could obsolete (no differing fact: a paraphrase)
+                # holds nothing: offline, its exact duplicates still merge
                 self.held.update(UUID(str(m)) for m in action.details.get("memory_ids", ()))
         return actions

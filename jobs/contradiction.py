@@ -167,8 +167,12 @@ def _judged(pair: Pair, verdict: Any, *, now: datetime) -> Action | None:
     if isinstance(verdict, Deferral):
         members = [pair.older, pair.newer]
         score = round(pair.similarity or 0.0, 4)
+        # whether a verdict could obsolete one (else at most a review): compaction holds the
+        # rows of such a pair only (gc_worker.batch.BatchContext.record)
+        differ = bool(differing_facts(pair.older.content, pair.newer.content))
         return deferred(NAME, pair.older.user_id, [m.id for m in members], verdict.reason,
-                        preview=first_preview(members), similarity=score)  # fmt: skip
+                        preview=first_preview(members), similarity=score,
+                        facts_differ=differ)  # fmt: skip
     if verdict.verdict == "contradicts":
         if not differing_facts(pair.older.content, pair.newer.content):
             # nothing in the texts differs that could make them conflict (a number, date,

@@ -49,6 +49,19 @@ def test_exact_duplicates_with_no_open_conflict_still_merge_offline(engine, sett
     assert status(engine, a) == status(engine, b) == "merged"
 
 
+def test_exact_duplicates_beside_a_paraphrase_still_merge_offline(engine, settings):
+    """Offline, contradiction defers every similar pair; one with no differing fact (a
+    paraphrase) could at most become a review, never an obsolete, so it holds nothing. Found
+    by a review: the first version held both rows of every deferred pair, so offline no exact
+    duplicate with a similar neighbour ever merged."""
+    a = add(engine, "u1", "Likes jazz", created_at=days_ago(30), embedding=E0)
+    b = add(engine, "u1", "Likes jazz", created_at=days_ago(3), embedding=E0)
+    add(engine, "u1", "Really likes jazz music", embedding=at_similarity(0.8))
+    report = run(engine, settings, jobs=["contradiction", "compaction"], llm=None)
+    assert "deferred" in {x["action"] for x in report["actions"]}
+    assert status(engine, a) == status(engine, b) == "merged"
+
+
 BAD_MERGES = [
     pytest.param("Allergic to peanuts and shellfish", "Has a peanut and shellfish allergy",
                  "Allergic to soy", id="replaced"),
