@@ -142,9 +142,11 @@ RETURNING a.id
 -- Forget cached LLM decisions taken on erased memories, and every one of a forgotten user: the
 -- erasing users' own, and any user's about a memory erased or gone (:gone).
 DELETE FROM gc_llm_cache
-WHERE (user_id = ANY(:owners)
-       AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users)))
-   OR memory_ids && CAST(:gone AS uuid[])
+WHERE key IN (SELECT key FROM gc_llm_cache  -- gc_llm_cache_user_idx, gc_llm_cache_memories_idx
+              WHERE user_id = ANY(:owners)
+                AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users))
+              UNION
+              SELECT key FROM gc_llm_cache WHERE memory_ids && CAST(:gone AS uuid[]))
 RETURNING key
 
 -- erasure_drop_llm_cache_by_content --
@@ -167,10 +169,13 @@ RETURNING key
 -- row after the restore) loses the ids of memories erased or gone (:gone).
 UPDATE gc_review_items r
 SET memory_ids = ARRAY(SELECT unnest(r.memory_ids) EXCEPT SELECT unnest(e.ids))
-FROM (SELECT r2.id, CASE WHEN r2.user_id = ANY(:owners) THEN CAST(:ids AS uuid[])
-                         ELSE CAST(:gone AS uuid[]) END AS ids
+FROM (SELECT r2.id, CAST(:ids AS uuid[]) AS ids  -- gc_review_items_memories_idx
       FROM gc_review_items r2
-      WHERE r2.memory_ids && CAST(:ids AS uuid[])) AS e
+      WHERE r2.memory_ids && CAST(:ids AS uuid[]) AND r2.user_id = ANY(:owners)
+      UNION ALL
+      SELECT r2.id, CAST(:gone AS uuid[])
+      FROM gc_review_items r2
+      WHERE r2.memory_ids && CAST(:gone AS uuid[]) AND NOT r2.user_id = ANY(:owners)) AS e
 WHERE r.id = e.id AND NOT r.user_id = ANY(:whole_users)
   AND r.kind IN ('compaction', 'importance') AND r.status = 'resolved'
   AND r.reason = 'restored' AND r.memory_ids && e.ids
@@ -183,9 +188,11 @@ RETURNING r.id
 -- and every one of a forgotten user: the erasing users' own, and any user's naming a memory
 -- erased or gone (:gone).
 DELETE FROM gc_review_items
-WHERE (user_id = ANY(:owners)
-       AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users)))
-   OR memory_ids && CAST(:gone AS uuid[])
+WHERE id IN (SELECT id FROM gc_review_items  -- by user, and by gc_review_items_memories_idx
+             WHERE user_id = ANY(:owners)
+               AND (memory_ids && CAST(:ids AS uuid[]) OR user_id = ANY(:whole_users))
+             UNION
+             SELECT id FROM gc_review_items WHERE memory_ids && CAST(:gone AS uuid[]))
 RETURNING id
 
 -- erasure_complete_requests --
