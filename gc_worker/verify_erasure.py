@@ -209,13 +209,19 @@ def _needles(conn: Connection, result: Verification, memory_id: UUID | None) -> 
 
 
 def _audit_kept(conn: Connection, needles: Needles) -> list[Residue]:
-    """Audit rows of any user still holding text about an erased id no longer stored (or
-    erased): under a user the memory belonged to before the application moved it, the hash
-    check does not recognise it."""
+    """What any user's rows still hold about an erased id no longer stored (or erased), as the
+    scrub reaches it: audit and plan rows with text, cached decisions and review items naming
+    it. Under a user the memory belonged to before the application moved it, the hash check
+    does not recognise the text, and those tables are read for the request's user only."""
     gone = gone_ids(conn, [UUID(i) for i in sorted(needles.ids)])
-    params = {"gone": gone, "keep_details": list(KEEP_DETAILS)}
+    params = {"gone": gone, "gone_texts": [str(g) for g in gone],
+              "keep_details": list(KEEP_DETAILS)}  # fmt: skip
     rows = conn.execute(q("erasure_audit_kept"), params) if gone else []
-    return [Residue("gc_actions", row.column_name, row.row_key, "content") for row in rows]
+    return [
+        Residue(row.table_name, row.column_name, row.row_key,
+                "content" if row.table_name == "gc_actions" else "id")
+        for row in rows
+    ]  # fmt: skip
 
 
 def _request_memory_ids(conn: Connection, request_ids: Sequence[UUID]) -> list[UUID]:

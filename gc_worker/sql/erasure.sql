@@ -379,18 +379,30 @@ WHERE a.user_id = :user_id AND a.recorded_at <= done.at
   AND (a.content_preview IS NOT NULL OR NOT (a.details ? 'scrubbed'))
 
 -- erasure_audit_kept --
--- Audit and plan rows, of any user, still holding text about a memory erased or gone (:gone):
--- a preview, or details beyond ids and codes. Under another user than the request's, the
--- content hash (salted with the user) cannot recognise it: the application moved the memory.
-SELECT CAST(a.id AS text) AS row_key,
+-- What the worker's tables, of any user, still hold about a memory erased or gone (:gone), as
+-- the scrub reaches it (erasure_scrub_actions, erasure_drop_*): an audit or plan row about it,
+-- a deferred group or a merge naming it, with a preview or details beyond ids and codes; a
+-- cached decision or a review item naming it (a restore's dismissal keeps only ids). Under
+-- another user than the request's the content hash (salted with the user) cannot recognise
+-- the text: the application moved the memory.
+SELECT 'gc_actions' AS table_name, CAST(a.id AS text) AS row_key,
        CASE WHEN a.content_preview IS NOT NULL THEN 'content_preview' ELSE 'details' END
            AS column_name
 FROM gc_actions a
-WHERE a.memory_id = ANY(:gone)
+WHERE (a.memory_id = ANY(:gone)
+       OR (a.memory_id IS NULL AND a.details -> 'memory_ids' ?| CAST(:gone_texts AS text[]))
+       OR (a.action = 'create_merged'
+           AND a.details -> 'sources' ?| CAST(:gone_texts AS text[])))
   AND (a.content_preview IS NOT NULL
        OR (jsonb_typeof(a.details) = 'object'
            AND EXISTS (SELECT 1 FROM jsonb_object_keys(a.details) AS k
                        WHERE k <> ALL(:keep_details) AND k <> 'scrubbed')))
+UNION ALL
+SELECT 'gc_llm_cache', c.key, 'memory_ids'
+FROM gc_llm_cache c WHERE c.memory_ids && CAST(:gone AS uuid[])
+UNION ALL
+SELECT 'gc_review_items', CAST(r.id AS text), 'memory_ids'
+FROM gc_review_items r WHERE r.memory_ids && CAST(:gone AS uuid[])
 
 -- erasure_user_traces --
 -- Whether the worker's own tables still hold anything a whole-user scrub would remove (for a
