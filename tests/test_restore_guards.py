@@ -126,3 +126,20 @@ def test_a_later_same_clock_run_on_another_row_does_not_hold_a_restore(engine, s
     assert [a["memory_id"] for a in second["actions"]] == [str(other)]
     back = restore.restore_run(engine, UUID(first["run_id"]), now=NOW + timedelta(hours=1))
     assert (back.restored, status(engine, m), status(engine, other)) == ([m], "active", "deleted")
+
+
+def test_a_merged_record_the_application_declared_superseded_keeps_its_merge(engine, settings):
+    """Two "Has a dog" rows merged into M; the application then wrote "No longer has a dog"
+    with supersedes = [M]. Found by a review: restoring the merge retired M and brought both
+    members back, undeclared, so the stale fact was current again beside its correction. A
+    record some row of the user declares it supersedes is the application's now: kept."""
+    members, record, run_id = merged(engine, settings)
+    add(engine, "u1", "No longer has a dog", supersedes=[record],
+        created_at=NOW + timedelta(hours=1))  # fmt: skip
+    at = NOW + timedelta(days=2)
+    current = "SELECT content FROM memory_gc_current('u1', NULL, :at, NULL)"
+    assert execute(engine, current, at=at).scalars().all() == ["No longer has a dog"]
+    kept = restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(days=1))
+    assert kept.restored == [] and status(engine, record) == "active"
+    assert {status(engine, m) for m in members} == {"merged"}
+    assert execute(engine, current, at=at).scalars().all() == ["No longer has a dog"]

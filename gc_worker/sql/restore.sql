@@ -121,7 +121,8 @@ SELECT id FROM memories WHERE id = ANY(:ids) AND status = 'active' FOR SHARE
 -- edits a memory, the worker never does; the content is compared too, for writers that do
 -- not), and the columns the run gave it that only the application changes afterwards: scope,
 -- slot, validity, TTL, metadata, type, source, confidence, declared supersedes (none at
--- creation), importance (unless the worker's own importance job wrote it).
+-- creation, and no row of the user declaring it), importance (unless the worker's own
+-- importance job wrote it).
 -- A record the application edited, pinned, moved or retired since is its own. Locked until
 -- the restore commits. The record's fields are read in the store's own column types over the
 -- row itself (its other columns, an application's NOT NULL domain among them, keep their
@@ -149,6 +150,11 @@ WHERE m.status = 'active' AND NOT m.pinned AND m.user_id = a.user_id
   AND m.source = coalesce(r.source, 'gc_merge')
   AND m.confidence = coalesce(r.confidence, 1.0)
   AND cardinality(m.supersedes) = 0
+  -- a row of the user declares it supersedes the record (a correction): bringing the members
+  -- back, undeclared, would make the stale fact current again beside it
+  AND NOT EXISTS (SELECT 1 FROM memories o
+                  WHERE o.user_id = m.user_id AND o.status IN ('active', 'obsolete')
+                    AND m.id = ANY(o.supersedes))
   AND (m.importance = coalesce(r.importance, 3)
        OR EXISTS (SELECT 1 FROM gc_actions g
                   WHERE g.memory_id = m.id AND g.action = 'set_importance'
