@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
+from uuid import UUID
 
 import structlog
 from sqlalchemy.engine import Connection, Engine
@@ -80,6 +81,29 @@ def process_next_batch(
     return True
 
 
+def _scrub_erased_meanwhile(conn: Connection, actions: Sequence[Action]) -> None:
+    """A batch planned before its transaction (it waited on the model) read its rows minutes
+    ago: one may have been erased and purged meanwhile — moved to another user by the
+    application, whose `forget --purge-now` waited only for that user's batches. What this
+    batch just recorded about it (a preview, a merged text, a deferred group, a cached
+    decision) is scrubbed in the same transaction, as the erasure would have."""
+    from gc_worker import erasure  # (it imports modules this one does)
+
+    named = {a.memory_id for a in actions if a.memory_id is not None}
+    for action in actions:
+        for key in ("memory_ids", "sources"):
+            named.update(UUID(str(i)) for i in action.details.get(key) or ())
+    # not this batch's own records, purges (scrubbed as purges) or erasures (finish_batch)
+    named -= {
+        a.memory_id for a in actions
+        if a.action in (Kind.CREATE_MERGED, Kind.HARD_DELETE) or a.job == "erasure"
+    }  # fmt: skip
+    gone = erasure.gone_ids(conn, sorted(named, key=str))
+    if gone:
+        erasure.scrub(conn, gone, users=[])
+        log.info("gc.batch_scrubbed_erased", memories=len(gone))
+
+
 def _fail_batch(claim: Any, run: dict[str, Any], batch_no: int, exc: Exception) -> None:
     """Record a batch whose transaction rolled back (a job raised: a bug, a row it cannot
     handle) as failed, so that one bad user does not stop every user after it, every night."""
@@ -113,6 +137,8 @@ def _commit_batch(
             ctx, actions = early
             ctx.conn, ctx.in_transaction = conn, True
         summary = _run_batch(ctx, run, batch_no, actions)
+        if early is not None:
+            _scrub_erased_meanwhile(conn, actions)
         stats: dict[str, Any] = {k: v.as_dict() for k, v in ctx.stats.items()}
         if llm is not None:
             stats["_llm"] = _spent(llm, llm_before)

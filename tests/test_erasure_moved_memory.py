@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from uuid import UUID
 
+import pytest
 import sqlalchemy as sa
 
 from gc_worker import erasure, restore
@@ -173,3 +174,55 @@ def test_a_row_the_application_soft_deleted_without_a_reason_is_not_erased(engin
     assert requests(engine)[0]["status"] == "completed"
     assert get(engine, m)["status_reason"] == "erasure"
     assert audit_rows(engine, m)[0]["content_preview"] is None
+
+
+def _move_and_forget_during_the_call(engine, settings, m: UUID, reply):
+    """A model answer that first lets the application move m to u2 and u2 forget it with
+    --purge-now (it waits only for u2's batches), then answers ``reply(payload)``."""
+    state: dict = {}
+
+    def answer(kind, payload):
+        if not state:
+            state["done"] = True
+            with engine.begin() as conn:
+                conn.execute(sa.text("UPDATE memories SET user_id = 'u2' WHERE id = :id"),
+                             {"id": m})  # fmt: skip
+            erasure.forget(engine, settings, now=NOW, memory_id=m, purge_now=True)
+            assert get(engine, m) is None
+        return reply(payload)
+
+    return answer, state
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+@pytest.mark.parametrize("model", ["merges", "is_down"])
+def test_an_earlier_owners_batch_keeps_nothing_of_a_memory_erased_meanwhile(
+    engine, settings, make_llm, dry_run, model
+):
+    """u1's batch reads m and asks the model (minutes); meanwhile the application moves m to
+    u2 and u2's `forget m --purge-now` completes. Found by a review: what u1's batch then
+    recorded — the merge plan's text, a deferred group's preview, the cached decision — kept
+    m's text, and verification said clean. The batch scrubs, in its transaction, what it
+    records about a memory erased or gone since it read it."""
+    import httpx2
+
+    from tests.test_compaction import E0, at_similarity
+    from tests.test_llm_guards import Model
+
+    m = add(engine, "u1", "Sees Dr Quillfeather on Tuesdays", created_at=days_ago(9),
+            embedding=E0)  # fmt: skip
+    add(engine, "u1", "Sees Dr. Quillfeather every Tuesday", created_at=days_ago(2),
+        embedding=at_similarity(0.95))  # fmt: skip
+    add(engine, "u2", "Collects stamps")
+    replies = {
+        "merges": lambda payload: {"is_duplicate_set": True, "reason": None,
+                                   "member_ids": [x["id"] for x in payload],
+                                   "merged_text": "Sees Dr Quillfeather on Tuesdays"},
+        "is_down": lambda payload: httpx2.Response(503, json={"error": {"message": "busy"}}),
+    }  # fmt: skip
+    answer, state = _move_and_forget_during_the_call(engine, settings, m, replies[model])
+    run(engine, settings, jobs=["compaction"], users=["u1"], dry_run=dry_run,
+        llm=make_llm(Model(answer)))  # fmt: skip
+    assert state and requests(engine)[0]["status"] == "completed"
+    assert full_text_scan(engine, ["Quillfeather on Tuesdays"]) == []
+    assert verify(engine, now=NOW + DAY, memory_id=m).residues == []
