@@ -86,7 +86,9 @@ def _scrub_erased_meanwhile(conn: Connection, actions: Sequence[Action]) -> None
     ago: one may have been erased and purged meanwhile — moved to another user by the
     application, whose `forget --purge-now` waited only for that user's batches. What this
     batch just recorded about it (a preview, a merged text, a deferred group, a cached
-    decision) is scrubbed in the same transaction, as the erasure would have."""
+    decision) is scrubbed in the same transaction, as the erasure would have. (A row the
+    application merely deleted is not: a `forget-user` waiting for this batch then still
+    finds what the batch wrote, and files and completes its request.)"""
     from gc_worker import erasure  # (it imports modules this one does)
 
     named = {a.memory_id for a in actions if a.memory_id is not None}
@@ -98,10 +100,10 @@ def _scrub_erased_meanwhile(conn: Connection, actions: Sequence[Action]) -> None
         a.memory_id for a in actions
         if a.action in (Kind.CREATE_MERGED, Kind.HARD_DELETE) or a.job == "erasure"
     }  # fmt: skip
-    gone = erasure.gone_ids(conn, sorted(named, key=str))
-    if gone:
-        erasure.scrub(conn, gone, users=[])
-        log.info("gc.batch_scrubbed_erased", memories=len(gone))
+    erased = erasure.erased_ids(conn, sorted(named, key=str))
+    if erased:
+        erasure.scrub(conn, erased, users=[])
+        log.info("gc.batch_scrubbed_erased", memories=len(erased))
 
 
 def _fail_batch(claim: Any, run: dict[str, Any], batch_no: int, exc: Exception) -> None:

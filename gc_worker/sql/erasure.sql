@@ -90,6 +90,14 @@ WHERE NOT EXISTS (SELECT 1 FROM memories m
                     AND NOT coalesce(m.status = 'deleted' AND m.status_reason = ANY(:erasure_reasons),
                                   false))
 
+-- erasure_erased_ids --
+-- Of :ids, those an erasure reached: erased and still stored, or purged with a tombstone.
+SELECT i.id FROM unnest(CAST(:ids AS uuid[])) AS i(id)
+WHERE EXISTS (SELECT 1 FROM gc_erasure_tombstones t WHERE t.memory_id = i.id)
+   OR EXISTS (SELECT 1 FROM memories m
+              WHERE m.id = i.id AND m.status = 'deleted'
+                AND m.status_reason = ANY(:erasure_reasons))
+
 -- erasure_scrub_actions --
 -- Strip content from the audit and plans of erased memories; ids, action and reason stay. Every
 -- row that names an erased memory loses its preview: a deferred group's preview (no memory_id)
