@@ -143,3 +143,18 @@ def test_a_merged_record_the_application_declared_superseded_keeps_its_merge(eng
     assert kept.restored == [] and status(engine, record) == "active"
     assert {status(engine, m) for m in members} == {"merged"}
     assert execute(engine, current, at=at).scalars().all() == ["No longer has a dog"]
+
+
+def test_a_merged_record_with_a_pending_forget_keeps_its_sources_merged(engine, settings):
+    """`forget M` is filed (pending) for a merged record; restoring the merge run retired M and
+    brought its sources back — what the user asked to forget, on the read path until the
+    erasure run took them too. Found by a review. The merge is kept; the erasure takes them."""
+    from datetime import timedelta
+
+    members, record, run_id = merged(engine, settings)
+    erasure.forget(engine, settings, now=NOW + timedelta(hours=1), memory_id=record)
+    kept = restore.restore_run(engine, UUID(run_id), now=NOW + timedelta(hours=2))
+    assert kept.restored == [] and {status(engine, m) for m in members} == {"merged"}
+    assert dict((m, why) for m, _, why in kept.why_not)[record] == "erasure_pending"
+    run(engine, settings, jobs=["erasure"], now=NOW + timedelta(hours=3))
+    assert {status(engine, m) for m in [*members, record]} == {"deleted"}

@@ -155,6 +155,11 @@ WHERE m.status = 'active' AND NOT m.pinned AND m.user_id = a.user_id
   AND NOT EXISTS (SELECT 1 FROM memories o
                   WHERE o.user_id = m.user_id AND o.status IN ('active', 'obsolete')
                     AND m.id = ANY(o.supersedes))
+  -- a pending request to forget the record (or its user): its sources state what the user
+  -- asked to forget, and the erasure takes them with it; they stay merged until then
+  AND NOT EXISTS (SELECT 1 FROM gc_erasure_requests r
+                  WHERE r.status = 'pending' AND r.user_id = m.user_id
+                    AND (r.kind = 'user' OR r.memory_id = m.id))
   AND (m.importance = coalesce(r.importance, 3)
        OR EXISTS (SELECT 1 FROM gc_actions g
                   WHERE g.memory_id = m.id AND g.action = 'set_importance'
