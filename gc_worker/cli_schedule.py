@@ -138,8 +138,6 @@ def _metrics_server(args: argparse.Namespace, daemon: Any) -> Any:
             "--metrics-port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "--metrics-host"
         )
         raise _unservable(args, exc, fix) from None
-    except (TypeError, UnicodeError) as exc:  # a host name the resolver cannot encode
-        raise _unservable(args, exc, "--metrics-host") from None
     host = f"[{args.metrics_host}]" if ":" in args.metrics_host else args.metrics_host  # IPv6
     print(f"metrics: http://{host}:{server.server_port}/metrics", flush=True)
     return server

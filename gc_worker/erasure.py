@@ -326,19 +326,20 @@ def request_results(actions: Sequence[Action]) -> dict[str, dict[str, int]]:
 
 def erased_ids(conn: Connection, ids: Sequence[UUID]) -> list[UUID]:
     """Of ``ids``, those an erasure reached (erased, or purged with a tombstone)."""
-    if not ids:
-        return []
-    params = {"ids": list(ids), "erasure_reasons": list(ERASURE_REASONS)}
-    return list(conn.execute(q("erasure_erased_ids"), params).scalars())
+    return _ids_where(conn, "erasure_erased_ids", ids)
 
 
 def gone_ids(conn: Connection, ids: Sequence[UUID]) -> list[UUID]:
     """Of ``ids``, those no longer stored or erased (a misfiled request's memory, still on the
     read path under its owner, is not)."""
+    return _ids_where(conn, "erasure_gone", ids)
+
+
+def _ids_where(conn: Connection, query: str, ids: Sequence[UUID]) -> list[UUID]:
     if not ids:
         return []
     params = {"ids": list(ids), "erasure_reasons": list(ERASURE_REASONS)}
-    return list(conn.execute(q("erasure_gone"), params).scalars())
+    return list(conn.execute(q(query), params).scalars())
 
 
 def scrub(

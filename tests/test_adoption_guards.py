@@ -431,7 +431,7 @@ def test_a_generated_contract_column_is_named(empty_database_url, monkeypatch, c
     default) failed migrate itself, exit 1, on its index over slot. Found by a review. Each is
     named with the statements that make it a plain column; run as told, migrate adopts."""
     url = empty_database_url
-    if kind == "VIRTUAL" and scalar(url, "SHOW server_version_num") < "180000":
+    if kind == "VIRTUAL" and int(scalar(url, "SHOW server_version_num")) < 180000:
         pytest.skip("VIRTUAL generated columns are PostgreSQL 18+")
     execute(url, app_store().replace(
         "slot text,", f"slot text GENERATED ALWAYS AS (metadata ->> 'slot') {kind},"))  # fmt: skip

@@ -25,25 +25,21 @@ def _move(engine, m, to):
         conn.execute(sa.text("UPDATE memories SET user_id = :u WHERE id = :id"), {"u": to, "id": m})
 
 
+def deferred_group(engine, m, k, *, preview: str | None) -> None:
+    """u1's compaction deferred the group {m, k} (no model), with ``preview`` as its text."""
+    group = Action(job="compaction", action=Kind.DEFERRED, user_id="u1",
+                   reason="llm_unavailable", details={"memory_ids": [str(m), str(k)]},
+                   preview=preview)  # fmt: skip
+    apply_actions(engine, [group])
+
+
 def test_verify_names_an_earlier_users_deferred_group_preview(engine, settings):
     """Docs: 'Requests completed before this version may have left an earlier user's rows:
     verify-erasure names them'. A deferred group of u1 naming m, with m's text as preview, is
     such a row (the scrub under every user now removes it)."""
     m = add(engine, "u1", TEXT)
     k = add(engine, "u1", "Likes jazz")
-    apply_actions(
-        engine,
-        [
-            Action(
-                job="compaction",
-                action=Kind.DEFERRED,
-                user_id="u1",
-                reason="llm_unavailable",
-                details={"memory_ids": [str(m), str(k)]},
-                preview=TEXT,
-            )
-        ],
-    )
+    deferred_group(engine, m, k, preview=TEXT)
     _move(engine, m, "u2")
     add(engine, "u2", "Collects stamps")
     erasure.forget(engine, settings, now=NOW + DAY, memory_id=m, purge_now=True)
@@ -70,19 +66,7 @@ def test_verify_names_an_unscrubbed_merge_plan_naming_the_memory(engine, setting
     m = add(engine, "u1", TEXT)
     k = add(engine, "u1", "Likes jazz")
     merged = "Sees Dr Quillfeather on Tuesdays and likes jazz"
-    apply_actions(
-        engine,
-        [
-            Action(
-                job="compaction",
-                action=Kind.DEFERRED,
-                user_id="u1",
-                reason="llm_unavailable",
-                details={"memory_ids": [str(m), str(k)]},
-                preview=None,
-            )
-        ],
-    )
+    deferred_group(engine, m, k, preview=None)
     erasure.forget(engine, settings, now=NOW + DAY, memory_id=m, purge_now=True)
     assert requests(engine)[0]["status"] == "completed"
     # an (unapplied) plan's create_merged row naming m whose record still holds the text
