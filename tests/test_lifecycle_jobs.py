@@ -296,3 +296,16 @@ class TestHardDelete:
                 text("SELECT count(*) FROM gc_actions WHERE content_preview LIKE '%secret%'")
             ).scalar()
         assert lineage == 0 and previews == 0
+
+
+def test_the_earliest_instant_scores_zero_and_the_next_day_does_not():
+    """jobs.decay.EARLIEST (what -infinity and BC load as) scores 0, as SQL scores -infinity;
+    a day later is an ordinary, if ancient, instant."""
+    from gc_worker.config import Settings
+    from jobs.decay import EARLIEST
+
+    policy = Settings.model_validate(
+        {"embeddings": {"dim": 8}, "decay": {"half_life_days": 1_000_000}}
+    ).decay
+    assert decayed_confidence(0.9, 1, EARLIEST, now=NOW, policy=policy) == 0.0
+    assert decayed_confidence(0.9, 1, EARLIEST + timedelta(days=1), now=NOW, policy=policy) > 0.05

@@ -130,3 +130,15 @@ def test_a_faithful_model_merge_is_applied(engine, settings, make_llm):
     (created,) = [x for x in report["actions"] if x["action"] == "create_merged"]
     assert get(engine, UUID(created["memory_id"]))["content"].endswith("peanuts and shellfish")
     assert status(engine, a) == status(engine, b) == "merged"
+
+
+@pytest.mark.parametrize(("short", "long", "same"), [
+    ("allerg", "allergi", True),    # allergic / allergy
+    ("abcde", "abcdefg", True),     # the shorter stem at the five letters: one word
+    ("abcd", "abcdefg", False),     # at four: two words
+    ("astronomi", "astrolog", False),
+])  # fmt: skip
+def test_one_stem_stands_for_another_from_five_letters(short, long, same):
+    from jobs.text_facts import _same_word
+
+    assert _same_word(short, long) is same and _same_word(long, short) is same

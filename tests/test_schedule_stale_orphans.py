@@ -14,6 +14,8 @@ from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
+import pytest
+
 import jobs.ttl_expiry as ttl
 from gc_worker.daemon import Daemon
 from tests.store import execute
@@ -158,3 +160,23 @@ def test_a_long_plan_keeps_its_whole_review_window(engine, settings):
             id=plan)  # fmt: skip
     assert scheduler.reject_stale_plans(engine, review.plan_age_limit_hours) == []
     assert runs(engine)[0]["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("behind", "closed"),
+    [(timedelta(hours=72), False), (timedelta(hours=72, microseconds=1), True)],
+)
+def test_a_run_exactly_at_the_age_limit_is_still_resumed(
+    engine, settings, monkeypatch, behind, closed
+):
+    """The limit (run.max_plan_age_hours, 72) is inclusive: a run whose instant is 72 hours
+    behind the daemon's clock is finished; a microsecond more and it is closed."""
+    from gc_worker import scheduler
+
+    seed(engine, users=2)
+    orphan = stopped_after_one_batch(
+        engine, one_at_a_time(settings), monkeypatch, SLOT + timedelta(minutes=1)
+    )
+    now = SLOT + behind  # the run's instant is its slot's
+    assert scheduler.close_unresumable(engine, orphan, 72, now) is closed
+    assert runs(engine)[0]["status"] == ("failed" if closed else "running")

@@ -211,3 +211,19 @@ def test_a_pinned_erased_row_past_the_deleted_window_is_found(engine):
     assert [(a["action"], a["reason"]) for a in report["actions"]] == [
         ("hard_delete", "retention_deleted")
     ]
+
+
+@pytest.mark.parametrize(("shift", "found"), [(timedelta(0), True), (US, False)])
+def test_a_pinned_erased_row_at_the_deleted_cutoff(engine, shift, found):
+    """At the deleted rows' cutoff exactly the pinned erased row is due; a microsecond short,
+    not (its erasure window, 60 days, is further off)."""
+    settings = Settings.model_validate(
+        {"embeddings": {"dim": 8}, "erasure": {"retention_days": 60},
+         "hard_delete": {"retention_days": 30}}
+    )  # fmt: skip
+    gone = NOW - 30 * DAY + shift
+    seed(engine, [row("u1", "r", status="deleted", status_reason="erasure", pinned=True,
+                      deleted_at=gone, status_changed_at=gone)])  # fmt: skip
+    with engine.connect() as conn:
+        scan = triage.scan(conn, ["u1"], ["hard_delete"], settings, NOW)
+    assert scan is not None and (scan.users["hard_delete"] == {"u1"}) is found
