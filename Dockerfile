@@ -33,8 +33,8 @@ EXPOSE 9108
 # a one-shot command stops as on Ctrl-C), so `docker stop` works without an init process
 ENTRYPOINT ["memory-gc"]
 CMD ["schedule", "--metrics-port", "9108"]
-# /healthz of that default command (python: the slim image has no curl); a 503 or no answer
-# fails. Kubernetes ignores it (a livenessProbe does this there); another command serves no
-# /healthz: give it `docker run --no-healthcheck`.
+# /healthz of `schedule --metrics-port N` when that is the container's command (PID 1's command
+# line says); any other command (`migrate`, `run`, `forget-user`) serves none and is healthy.
+# Kubernetes ignores it (a livenessProbe does this there).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9108/healthz', timeout=4)"]
+    CMD ["python", "-m", "gc_worker.healthcheck"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gc_worker import healthcheck
 from gc_worker.metrics import Metrics, serve_http
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,27 +38,92 @@ def _dockerfile_instruction(name: str) -> str:
     return line.removeprefix(f"{name} ").strip()
 
 
+def _serving(healthy: bool):
+    """A real /healthz endpoint on a free loopback port saying ``healthy``."""
+    return serve_http(Metrics(), lambda: (healthy, {}), "127.0.0.1", 0)
+
+
 class TestImage:
     def test_the_healthcheck_probes_the_default_commands_metrics_port(self):
-        """The image had no HEALTHCHECK although its default command serves /healthz: the
-        probe asks that port, with python (the slim image has no curl)."""
+        """The image had no HEALTHCHECK although its default command serves /healthz: the probe
+        reads PID 1's command line, which for the image's default command is the interpreter,
+        the `memory-gc` script and CMD, and asks that port (python: the slim image has no curl)."""
         cmd = json.loads(_dockerfile_instruction("CMD"))
+        probe = json.loads(_dockerfile_instruction("HEALTHCHECK").split(" CMD ", 1)[1])
+        assert probe == ["python", "-m", "gc_worker.healthcheck"]
+        pid1 = ["/usr/local/bin/python", "/usr/local/bin/memory-gc", *cmd]
         port = cmd[cmd.index("--metrics-port") + 1]
-        probe = _dockerfile_instruction("HEALTHCHECK")
-        assert f"http://127.0.0.1:{port}/healthz" in probe and '"python"' in probe
+        assert healthcheck.endpoint(pid1) == f"http://127.0.0.1:{port}/healthz"
 
     @pytest.mark.parametrize("healthy", [True, False])
     def test_the_probe_fails_when_healthz_says_unhealthy(self, healthy):
-        """The probe's code exits 0 on a 200 and not 0 on the daemon's 503."""
-        probe = json.loads(_dockerfile_instruction("HEALTHCHECK").split(" CMD ", 1)[1])
-        server = serve_http(Metrics(), lambda: (healthy, {}), "127.0.0.1", 0)
+        """The probe exits 0 on a 200 and 1 on the daemon's 503, run as the image runs it."""
+        server = _serving(healthy)
         try:
-            script = re.sub(r":\d+/healthz", f":{server.server_port}/healthz", probe[-1])
-            done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=30)
+            line = ["memory-gc", "schedule", "--metrics-host", "127.0.0.1",
+                    "--metrics-port", str(server.server_port)]  # fmt: skip
+            done = subprocess.run([sys.executable, "-m", "gc_worker.healthcheck", *line],
+                                  capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
         finally:
             server.shutdown()
             server.server_close()
-        assert (done.returncode == 0) == healthy, done.stderr[-300:]
+        assert done.returncode == (0 if healthy else 1), done.stderr[-300:]
+        assert f":{server.server_port}/healthz: {200 if healthy else 503}" in done.stdout
+
+    def test_a_daemon_that_does_not_answer_is_unhealthy(self):
+        server = _serving(True)
+        port = server.server_port
+        server.shutdown()
+        server.server_close()  # the port is free again: nothing listens
+        line = ["memory-gc", "schedule", "--metrics-port", str(port)]
+        assert healthcheck.check(healthcheck.endpoint(line))[0] is False
+        assert healthcheck.main(line) == 1
+
+    @pytest.mark.parametrize(
+        "line",
+        [
+            ["memory-gc", "migrate"],
+            ["/usr/local/bin/python", "/usr/local/bin/memory-gc", "run", "--user", "schedule"],
+            ["memory-gc", "forget-user", "schedule"],
+            ["memory-gc", "schedule"],
+            ["memory-gc", "schedule", "--once-due", "--metrics-port", "9108"],
+            ["memory-gc", "schedule", "--metrics-port", "0"],
+            ["memory-gc", "schedule", "--metrics-port", "nine"],
+            ["/bin/sh", "-c", "memory-gc schedule --metrics-port 9108"],
+            [],
+        ],
+    )
+    def test_a_command_without_an_endpoint_is_healthy(self, line, capsys):
+        """A one-shot command in the image (`docker run memory-gc migrate`, a long `run`) was
+        marked unhealthy after the start period: it serves no /healthz, so there is nothing to
+        check. An option's value reading `schedule` is not the command."""
+        assert healthcheck.endpoint(line) is None
+        if line:  # main() of an empty line reads this test process's PID 1 instead
+            assert healthcheck.main(line) == 0
+            assert "no /healthz to check" in capsys.readouterr().out
+
+    @pytest.mark.parametrize(
+        ("extra", "url"),
+        [
+            ([], "http://127.0.0.1:9108/healthz"),
+            (["--metrics-host", "::"], "http://[::1]:9108/healthz"),
+            (["--metrics-host", "10.1.2.3"], "http://10.1.2.3:9108/healthz"),
+            (["--metrics-host", "fd00::5"], "http://[fd00::5]:9108/healthz"),
+        ],
+    )
+    def test_the_probe_asks_where_the_daemon_listens(self, extra, url):
+        """A wildcard address is asked on loopback; a given address as given, IPv6 bracketed;
+        options before the command (`--config`) are memory-gc's own."""
+        line = ["memory-gc", "--config", "/etc/gc.toml", "schedule", "--metrics-port", "9108"]
+        assert healthcheck.endpoint(line + extra) == url
+
+    def test_pid_1s_command_line_is_read_from_proc(self, tmp_path):
+        cmdline = tmp_path / "cmdline"
+        cmdline.write_bytes(b"/usr/local/bin/python\0/usr/local/bin/memory-gc\0schedule\0")
+        assert healthcheck.main_process_argv(cmdline) == [
+            "/usr/local/bin/python", "/usr/local/bin/memory-gc", "schedule"
+        ]  # fmt: skip
+        assert healthcheck.main_process_argv(tmp_path / "absent") == []
 
 
 def test_the_kubernetes_example_migrates_before_the_daemon_starts():
