@@ -269,9 +269,12 @@ def cmd_runs(args: argparse.Namespace, ctx: Context) -> int:
 
     with ctx.engine().connect() as conn:
         for row in conn.execute(q("recent_runs"), {"limit": args.limit, "run_id": None}):
+            waiting = row.held is not None and row.applied_by is None
+            status = "held" if waiting and row.status in ("completed", "failed") else row.status
             print(
-                f"{row.id}  {row.mode:<8} {row.status:<10} {row.trigger:<13} "
+                f"{row.id}  {row.mode:<8} {status:<10} {row.trigger:<13} "
                 f"now={row.now.isoformat()} started={row.started_at:%Y-%m-%d %H:%M:%S}"
+                + (f"\n    held: {row.held}" if status == "held" else "")
             )
     return 0
 

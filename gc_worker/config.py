@@ -118,6 +118,10 @@ class ScheduleSettings(Section):
     misfire_grace_seconds: int = Field(3600, ge=1, le=MAX_DAYS * 86_400)
     mode: Literal["plan_and_apply", "plan_then_apply"] = "plan_and_apply"
     apply_delay_minutes: int = Field(60, ge=0, le=MAX_DAYS * 1440)
+    # plan_then_apply: a plan retiring more than this share of the active memories, and at
+    # least hold_min_rows of them, is held for a person (`memory-gc apply` / `reject`); 1: never
+    hold_above_share: float = Field(0.25, ge=0, le=1)
+    hold_min_rows: int = Field(1000, ge=0, le=10**12)
     poll_seconds: float = Field(2.0, gt=0, le=300)
 
     # checked when the settings load, not when `schedule` first starts: a typo in the cron line

@@ -176,14 +176,19 @@ class Daemon:
         return self.nightly()
 
     def apply_due_plans(self) -> list[UUID]:
-        """plan_then_apply: apply every nightly plan whose review delay is over (not rejected)."""
-        applied, failed = [], []
+        """plan_then_apply: apply every nightly plan whose review delay is over (not rejected),
+        except one too large to apply unattended (``scheduler.hold_if_large``): that one waits
+        for a person, and the erasures users asked for are carried out meanwhile."""
+        applied, failed, held = [], [], False
         delay = self.settings.schedule.apply_delay_minutes
         max_age = self.settings.plan_age_limit_hours  # this daemon's limit, as for the CLI
         scheduler.reject_stale_plans(self.engine, max_age)
         for plan_id in scheduler.due_plans(self.engine, self.clock(), delay):
             if self.stopping():
                 break
+            if scheduler.hold_if_large(self.engine, plan_id, self.settings.schedule):
+                held = True
+                continue
             with scheduler.apply_run_of(self.engine, plan_id, max_age_hours=max_age) as apply_id:
                 if apply_id is not None:
                     try:
@@ -191,9 +196,29 @@ class Daemon:
                     except RunFailed as exc:  # some batches failed: the other plans still apply
                         failed.append(exc)
                     applied.append(apply_id)
+        if held and not self.stopping():
+            self.erase_meanwhile()
         if failed:
             raise failed[0]
         return applied
+
+    def erase_meanwhile(self) -> UUID | None:
+        """Apply the erasure job alone for the users with a pending erasure request: a held plan
+        carries their requests too, and a person may take days to look at it. Returns the run,
+        if there was anything to erase. The held plan's erasure actions then drift."""
+        if "erasure" not in resolve_jobs([], self.settings):
+            return None
+        users = scheduler.erasure_pending_users(self.engine)
+        if not users:
+            return None
+        request = RunRequest(
+            mode="apply", now=self.clock(), users=tuple(users), jobs=("erasure",),
+            trigger="erasure",
+        )  # fmt: skip
+        run_id = start_run(self.engine, self.settings, request)
+        log.info("gc.schedule.erasures_while_held", run_id=str(run_id), users=len(users))
+        self.work(run_id)
+        return run_id
 
     def resume_orphans(self) -> list[UUID]:
         """Join nightly runs left ``running`` by daemons that died; returns the runs joined.

@@ -74,6 +74,7 @@ def build_report(
         "finished_at": _iso(run["finished_at"]),
         "plan_run_id": _str(run["plan_run_id"]),
         "applied_by": _str(run["applied_by"]),
+        "held": run.get("held"),  # why the daemon leaves this plan to a person (plan_then_apply)
         "scope": {"users": run["users"], "jobs": list(run["jobs"]) or sorted(job_rows)},
         "totals": {"actions": by_action.total(), "by_action": dict(sorted(by_action.items()))},
         "jobs": job_rows,

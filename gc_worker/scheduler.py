@@ -8,6 +8,8 @@ Options (``[schedule]``):
     mode = "plan_and_apply"       or "plan_then_apply": the nightly run is a dry run, applied
                                   ``apply_delay_minutes`` after it completed unless rejected
     apply_delay_minutes = 60
+    hold_above_share = 0.25       plan_then_apply: a plan retiring more than this share of the
+    hold_min_rows = 1000          active memories, and at least this many, is held for a person
 
 A slot is one fire time of the cron, named ``nightly:<fire time in UTC, ISO 8601>``. The run of
 a slot has ``gc_runs.slot`` set (unique): the replica whose insert takes the slot starts the
@@ -206,6 +208,40 @@ def due_plans(engine: Engine, now: datetime, delay_minutes: float) -> list[UUID]
     with engine.connect() as conn:
         cutoff = now - timedelta(minutes=delay_minutes)
         return list(conn.execute(q("due_plans"), {"cutoff": cutoff}).scalars())
+
+
+def hold_if_large(engine: Engine, plan_run_id: UUID, schedule: ScheduleSettings) -> bool:
+    """Whether the daemon must leave the due plan ``plan_run_id`` to a person: it retires more
+    than ``schedule.hold_above_share`` of the active memories, and at least
+    ``schedule.hold_min_rows``. Such a plan is marked held (``gc_runs.held`` says why, with the
+    commands), once, by whichever replica gets there first; it waits for `memory-gc apply` or
+    `reject`, and goes stale as any plan. An erasure's retirements are not counted."""
+    with transaction(engine) as conn:
+        size = conn.execute(q("plan_size"), {"run_id": plan_run_id}).one()
+        if size.retiring < schedule.hold_min_rows or size.retiring <= (
+            schedule.hold_above_share * size.active
+        ):
+            return False
+        share = size.retiring / size.active if size.active else 1.0
+        reason = (
+            f"retires {size.retiring:,} of the {size.active:,} active memories ({share:.1%}), "
+            f"more than schedule.hold_above_share = {schedule.hold_above_share:g}: review it "
+            f"(`memory-gc report {plan_run_id}`), then `memory-gc apply {plan_run_id}` or "
+            f"`memory-gc reject {plan_run_id}`"
+        )
+        marked = conn.execute(q("hold_plan"), {"run_id": plan_run_id, "reason": reason}).first()
+    if marked is not None:
+        log.warning(
+            "gc.schedule.plan_held", run_id=str(plan_run_id), retiring=size.retiring,
+            active=size.active, hold_above_share=schedule.hold_above_share,
+        )  # fmt: skip
+    return True
+
+
+def erasure_pending_users(engine: Engine) -> list[str]:
+    """Users with a pending erasure request."""
+    with engine.connect() as conn:
+        return list(conn.execute(q("erasure_pending_users")).scalars())
 
 
 @contextlib.contextmanager

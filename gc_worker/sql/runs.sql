@@ -156,8 +156,8 @@ WHERE run_id = :run_id AND (stats ? '_llm' OR stats ? '_llm_unapplied')
 -- recent_runs --
 -- The latest runs (or the one :run_id), newest first. A run still 'running' that no process
 -- works (nobody holds its participation lock, lock_run_shared: it was killed) shows as
--- 'stopped'.
-SELECT id, mode, trigger, now, started_at, finished_at, plan_run_id, applied_by,
+-- 'stopped'. `held`: why the daemon holds the plan for a person (schedule.sql hold_plan).
+SELECT id, mode, trigger, now, started_at, finished_at, plan_run_id, applied_by, held,
        CASE WHEN status = 'running' AND NOT EXISTS (
                 SELECT 1 FROM pg_locks l
                 WHERE l.locktype = 'advisory' AND l.granted

@@ -110,13 +110,34 @@ ORDER BY started_at
 -- future) measures the delay from the plan's end on its own clock (its `now` + its duration),
 -- so the review window is never skipped.
 -- A plan that ended failed only because some batches failed (none pending) applies the rest.
+-- A held plan (too large to apply unattended, hold_plan) waits for a person.
 SELECT id FROM gc_runs
-WHERE slot IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL
+WHERE slot IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL AND held IS NULL
   AND (status = 'completed'
        OR (status = 'failed' AND NOT EXISTS (
                SELECT 1 FROM gc_run_batches b WHERE b.run_id = gc_runs.id AND b.state = 'pending')))
   AND greatest(finished_at, now + (finished_at - started_at)) <= :cutoff
 ORDER BY finished_at
+
+-- plan_size --
+-- How many active memories the plan retires (soft delete, obsolete, merge; an erasure's are not
+-- counted: a user asked for them), and how many memories are active now.
+SELECT (SELECT count(DISTINCT memory_id) FROM gc_actions
+        WHERE run_id = :run_id AND outcome = 'planned' AND job <> 'erasure'
+          AND action IN ('soft_delete', 'obsolete', 'merge')) AS retiring,
+       (SELECT count(*) FROM memories WHERE status = 'active') AS active
+
+-- hold_plan --
+-- Hold a nightly plan for a person: the daemon will not apply it. Only a plan still waiting
+-- (not applied, rejected or held meanwhile by another replica).
+UPDATE gc_runs SET held = :reason
+WHERE id = :run_id AND mode = 'dry_run' AND applied_by IS NULL AND held IS NULL
+  AND status IN ('completed', 'failed')
+RETURNING id
+
+-- erasure_pending_users --
+-- Users with a pending erasure request.
+SELECT DISTINCT user_id FROM gc_erasure_requests WHERE status = 'pending' ORDER BY user_id
 
 -- reject_stale_plans --
 -- Nightly plans older than run.max_plan_age_hours that nobody applied: never to be applied.
