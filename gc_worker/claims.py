@@ -46,8 +46,8 @@ _OWED_RELEASES: set[tuple[UUID, int]] = set()
 
 # The backend pids of this thread's participation sessions, per run (an apply participates
 # from before its start commits and again while it works): the run's other holders of its
-# shared lock are other workers — processes, or threads of a daemon — and engine._fail leaves a
-# run they still work to them.
+# shared lock are other workers — processes, or threads of a daemon — and run_workers._fail
+# leaves a run they still work to them.
 _OWN_SESSIONS: dict[tuple[UUID, int], list[int]] = {}
 _OWN_LOCK = threading.Lock()
 

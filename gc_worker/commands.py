@@ -12,6 +12,7 @@ from typing import Any
 
 from gc_worker import engine as gc_engine
 from gc_worker import render, schema
+from gc_worker.apply_start import applying
 from gc_worker.cli import (
     Context,
     not_ahead,
@@ -24,6 +25,7 @@ from gc_worker.cli import (
 )
 from gc_worker.errors import MemoryGCError, RunFailed, UsageError
 from gc_worker.report import build_report
+from gc_worker.run_record import load_run, settings_of
 
 # Subcommands that live with their capability (each module has ``register(sub)``).
 EXTENSIONS = ("gc_worker.cli_reviews", "gc_worker.cli_erasure", "gc_worker.cli_schedule")
@@ -113,13 +115,13 @@ def cmd_apply(args: argparse.Namespace, ctx: Context) -> int:
     plan_id = parse_uuid(args.run_id, "run id")  # bad input is refused before connecting
     engine = ctx.engine()
     with engine.connect() as conn:
-        planned_for = gc_engine.load_run(conn, plan_id)["now"]
+        planned_for = load_run(conn, plan_id)["now"]
     not_ahead(planned_for, f"run {plan_id} was planned for {planned_for.isoformat()}, which",
               "Apply it once that time has come, or make a plan without --now.")  # fmt: skip
     max_age = ctx.settings.plan_age_limit_hours  # this environment's limit, not the plan's
-    with gc_engine.applying(engine, plan_id, max_age_hours=max_age) as run_id:
+    with applying(engine, plan_id, max_age_hours=max_age) as run_id:
         with engine.connect() as conn:
-            settings = gc_engine.settings_of(gc_engine.load_run(conn, run_id))
+            settings = settings_of(load_run(conn, run_id))
         failed = _process(engine, run_id, ctx, settings=settings)
     return _finish_or_fail(engine, run_id, args.report or [], failed)
 
@@ -139,7 +141,7 @@ def _process(engine: Any, run_id: Any, ctx: Context, settings: Any = None) -> Ru
             )  # fmt: skip
         except RunFailed as exc:
             with engine.connect() as conn:
-                if gc_engine.load_run(conn, run_id)["status"] != "failed":
+                if load_run(conn, run_id)["status"] != "failed":
                     raise
             return exc
     return None

@@ -43,18 +43,11 @@ from gc_worker.batch_run import WORKER_ID
 from gc_worker.claims import participating
 from gc_worker.config import Settings
 from gc_worker.db import APPLICATION_NAME, describe_error, names_itself
-from gc_worker.engine import (
-    RESUMED_TRIGGERS,
-    RunRequest,
-    load_run,
-    process_run,
-    resolve_jobs,
-    settings_of,
-    start_run,
-)
+from gc_worker.engine import RunRequest, process_run, resolve_jobs, start_run
 from gc_worker.errors import NotFoundError, RunFailed
 from gc_worker.metrics import Metrics
 from gc_worker.queries import q
+from gc_worker.run_record import RESUMED_TRIGGERS, load_run, settings_of
 
 log = structlog.get_logger("memory_gc")
 

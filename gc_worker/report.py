@@ -21,8 +21,8 @@ from uuid import UUID
 from sqlalchemy.engine import Connection
 
 from gc_worker import render
-from gc_worker.engine import load_run
 from gc_worker.queries import q
+from gc_worker.run_record import load_run
 
 REPORT_VERSION = 1
 STREAM = {"stream_results": True, "yield_per": 2000}

@@ -25,9 +25,9 @@ from gc_worker import audit
 from gc_worker.actions import TARGET_STATUS, Action, Kind
 from gc_worker.config import check_clock
 from gc_worker.db import retrying, transaction
-from gc_worker.engine import load_run
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.queries import q
+from gc_worker.run_record import load_run
 
 
 @dataclass

@@ -33,21 +33,13 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy.engine import Engine
 
+from gc_worker.apply_start import applying, check_plan_age
 from gc_worker.config import ScheduleSettings, Settings
 from gc_worker.db import transaction
-from gc_worker.engine import (
-    APPLY_TRIGGER,
-    NIGHTLY_TRIGGER,
-    RunRequest,
-    applying,
-    check_plan_age,
-    load_run,
-    resolve_jobs,
-    settings_of,
-    start_run,
-)
+from gc_worker.engine import RunRequest, resolve_jobs, start_run
 from gc_worker.errors import ConfigError, UsageError
 from gc_worker.queries import q
+from gc_worker.run_record import APPLY_TRIGGER, NIGHTLY_TRIGGER, load_run, settings_of
 
 log = structlog.get_logger("memory_gc")
 

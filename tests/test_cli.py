@@ -97,12 +97,13 @@ class TestHappyPath:
         apply run and before its batches began — it used to take the run up as stopped and
         print "nothing to do". The first completes the run."""
         from gc_worker import engine as gc_engine
+        from gc_worker.apply_start import start_apply
 
         expired = seeded(engine)
         assert main(["run", "--dry-run", "--now", NOW_ARG]) == 0
         plan_id = run_id_from(capsys.readouterr().out)
         if first_apply != "new":
-            gc_engine.start_apply(engine, UUID(plan_id))  # an apply run, then "killed"
+            start_apply(engine, UUID(plan_id))  # an apply run, then "killed"
         second: list[int] = []
         real = gc_engine.process_run
 
@@ -177,10 +178,10 @@ class TestHappyPath:
     def test_a_stopped_apply_of_a_plan_too_old_is_not_offered_apply(self, engine, cli_env, capsys):
         """A stopped apply's banner offered `apply PLAN` to finish it, which `apply` refuses
         once the plan is older than run.max_plan_age_hours."""
-        from gc_worker import engine as gc_engine
+        from gc_worker.apply_start import start_apply
 
         plan = planned(engine, capsys)
-        applying = gc_engine.start_apply(engine, UUID(plan))  # and the process is gone
+        applying = start_apply(engine, UUID(plan))  # and the process is gone
         assert main(["report", str(applying), "--format", "md"]) == 0
         assert f"memory-gc apply {plan}` finishes it" in capsys.readouterr().out
         age_plan(engine, plan, 96)

@@ -1,4 +1,4 @@
-"""engine._fail leaves a run to other workers only when sessions other than this worker's own
+"""run_workers._fail leaves a run to other workers only when sessions other than this worker's own
 participation sessions hold it: an apply alone with two sessions of its own is marked failed,
 and a replica whose own session died does not fail the run another replica works (it counted
 sessions, not workers). Found by a review."""

@@ -16,12 +16,14 @@ import sqlalchemy as sa
 import structlog
 
 import jobs
-from gc_worker import audit, claims
+from gc_worker import audit, claims, run_workers
 from gc_worker import engine as gc_engine
 from gc_worker import execute as executor
+from gc_worker.apply_start import start_apply
 from gc_worker.config import Settings
 from gc_worker.errors import DatabaseUnavailable, RunFailed, UsageError, WriteConflict
 from gc_worker.report import build_report
+from gc_worker.run_record import load_run
 from tests.fake_model import FakeModel, fake_port
 from tests.seeding import (
     Reusable,
@@ -352,7 +354,7 @@ class TestApplyTakenUpAgain:
     def test_after_the_process_was_killed(self, engine, twin):
         """A process that stopped after one batch (killed: it holds no lock any more)."""
         ids, plan = self.plan(engine, twin)
-        apply_id = gc_engine.start_apply(engine, plan)
+        apply_id = start_apply(engine, plan)
         stops = iter([False, True])
         gc_engine.process_run(engine, apply_id, BATCHED, should_stop=lambda: next(stops))
         assert run_status(engine, apply_id) == "running"
@@ -362,15 +364,15 @@ class TestApplyTakenUpAgain:
 
     def test_refused_while_someone_applies_it_or_once_it_is_done(self, engine, twin):
         _, plan = self.plan(engine, twin)
-        apply_id = gc_engine.start_apply(engine, plan)
+        apply_id = start_apply(engine, plan)
         with (
             claims.participating(engine, apply_id),
             pytest.raises(UsageError, match="right now"),
         ):
-            gc_engine.start_apply(engine, plan)
+            start_apply(engine, plan)
         gc_engine.process_run(engine, apply_id, BATCHED)
         with pytest.raises(UsageError, match="already applied"):
-            gc_engine.start_apply(engine, plan)
+            start_apply(engine, plan)
 
 
 def batch_outcome_of(engine: sa.Engine, plan: UUID) -> dict[int, tuple[str, int]]:
@@ -382,12 +384,12 @@ def batch_outcome_of(engine: sa.Engine, plan: UUID) -> dict[int, tuple[str, int]
 
 def applied_by(engine: sa.Engine, plan: UUID) -> UUID:
     with engine.connect() as conn:
-        return gc_engine.load_run(conn, plan)["applied_by"]
+        return load_run(conn, plan)["applied_by"]
 
 
 def run_status(engine: sa.Engine, run_id: UUID) -> str:
     with engine.connect() as conn:
-        return gc_engine.load_run(conn, run_id)["status"]
+        return load_run(conn, run_id)["status"]
 
 
 def terminate_backend(conn: Any, *_: Any, **__: Any) -> None:
@@ -568,7 +570,7 @@ class TestWriteConflicts:
         monkeypatch.setattr(executor, "_set_status", always_from_the_second)
         with pytest.raises(WriteConflict, match=r"40P01.*safe to retry"):
             run(engine, BATCHED)
-        assert calls["n"] == 1 + gc_engine.BATCH_ATTEMPTS
+        assert calls["n"] == 1 + run_workers.BATCH_ATTEMPTS
         check_interrupted(engine, before, failed_batch=1)
 
     def test_restore_is_retried_after_a_deadlock(self, engine, twin, monkeypatch):

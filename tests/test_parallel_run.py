@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 import jobs.ttl_expiry as ttl
-from gc_worker import batch_run
+from gc_worker import batch_run, run_workers
 from gc_worker import engine as gc_engine
 from gc_worker.config import Settings
 from gc_worker.engine import RunRequest, resolve_jobs, start_run
@@ -90,13 +90,13 @@ def outline(report: dict[str, Any]) -> dict[str, Any]:
 def working_threads(monkeypatch) -> list[str]:
     """The names of the threads that take part in a run, one entry each (``_work_run``)."""
     seen: list[str] = []
-    real = gc_engine._work_run
+    real = run_workers._work_run
 
     def work_run(*args: Any, **kwargs: Any) -> Any:
         seen.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    monkeypatch.setattr(run_workers, "_work_run", work_run)
     return seen
 
 
@@ -269,7 +269,7 @@ def interrupt_while_the_caller_waits(monkeypatch) -> tuple[threading.Thread, thr
             helper_busy.wait(30)  # every batch and nobody would be left to wait for
 
     planning_threads(monkeypatch, hook=hook)
-    real_work = gc_engine._work_run
+    real_work = run_workers._work_run
 
     def work_run(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -278,7 +278,7 @@ def interrupt_while_the_caller_waits(monkeypatch) -> tuple[threading.Thread, thr
             if threading.current_thread() is threading.main_thread():
                 caller_waits.set()  # out of batches: waiting for the helpers is next
 
-    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    monkeypatch.setattr(run_workers, "_work_run", work_run)
     main = threading.main_thread().ident
 
     def send() -> None:
@@ -349,7 +349,7 @@ def test_a_run_a_helper_completed_during_ctrl_c_gets_its_summary_and_report(
 def helper_loses_the_database(monkeypatch) -> threading.Event:
     """The helper's commit fails; the Event is set once the helper has left the run (to the
     caller's thread, which still takes part)."""
-    real_commit, real_work = batch_run._commit_batch, gc_engine._work_run
+    real_commit, real_work = batch_run._commit_batch, run_workers._work_run
     failed = threading.Event()
 
     def commit(*args: Any, **kwargs: Any) -> Any:
@@ -365,7 +365,7 @@ def helper_loses_the_database(monkeypatch) -> threading.Event:
                 failed.set()
 
     monkeypatch.setattr(batch_run, "_commit_batch", commit)
-    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    monkeypatch.setattr(run_workers, "_work_run", work_run)
     return failed
 
 
@@ -462,7 +462,7 @@ def two_batch_settings(workers: int) -> Settings:
 def helper_fails_after_the_caller_ran_out(monkeypatch) -> None:
     """The caller's thread commits its batch once the helper holds the other one, finds
     nothing left to claim and waits; then the helper loses the database."""
-    real_commit, real_work = batch_run._commit_batch, gc_engine._work_run
+    real_commit, real_work = batch_run._commit_batch, run_workers._work_run
     helper_in, caller_out = threading.Event(), threading.Event()
 
     def commit(*args: Any, **kwargs: Any) -> Any:
@@ -481,7 +481,7 @@ def helper_fails_after_the_caller_ran_out(monkeypatch) -> None:
                 caller_out.set()
 
     monkeypatch.setattr(batch_run, "_commit_batch", commit)
-    monkeypatch.setattr(gc_engine, "_work_run", work_run)
+    monkeypatch.setattr(run_workers, "_work_run", work_run)
 
 
 def second_commit_fails(monkeypatch) -> None:

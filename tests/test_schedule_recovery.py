@@ -122,7 +122,9 @@ class TestStaleApplyIsNotResumed:
         from datetime import UTC, datetime
 
         from gc_worker import engine as gc_engine
+        from gc_worker.apply_start import start_apply
         from gc_worker.errors import UsageError
+        from gc_worker.run_record import load_run
         from tests.store import status
         from tests.test_lifecycle_failures import BATCHED, plan_then_apply, seed_users
 
@@ -130,7 +132,7 @@ class TestStaleApplyIsNotResumed:
         review = plan_then_apply(BATCHED)
         with closing(Daemon(engine, review, clock=lambda: SLOT)) as maker:
             plan_id = maker.nightly()
-        apply_id = gc_engine.start_apply(engine, plan_id, trigger="nightly_apply")
+        apply_id = start_apply(engine, plan_id, trigger="nightly_apply")
         done: list[int] = []
         gc_engine.process_run(
             engine, apply_id, review, on_batch=done.append, should_stop=lambda: bool(done)
@@ -143,35 +145,36 @@ class TestStaleApplyIsNotResumed:
             p=plan_id,
         )
         with pytest.raises(UsageError, match="older than"):
-            gc_engine.start_apply(engine, plan_id)  # the CLI refuses to take it up
+            start_apply(engine, plan_id)  # the CLI refuses to take it up
         with closing(Daemon(engine, review, clock=lambda: datetime.now(UTC))) as daemon:
             daemon.upkeep()
         assert status(engine, expired["user-1"]) == "active", "a stale plan was applied"
         with engine.connect() as conn:
-            closed = gc_engine.load_run(conn, apply_id)
+            closed = load_run(conn, apply_id)
         assert closed["status"] == "failed" and "older than" in closed["error"]
 
     def test_a_stale_apply_another_replica_took_up_is_left_to_it(self, engine):
         """Between finding the orphan and closing it, another replica may have taken the stale
         apply up: it is then neither failed under that replica nor resumed here."""
-        from gc_worker import engine as gc_engine
+        from gc_worker.apply_start import start_apply
         from gc_worker.claims import participating
+        from gc_worker.run_record import load_run
         from tests.test_lifecycle_failures import BATCHED, plan_then_apply, seed_users
 
         seed_users(engine, 2)
         review = plan_then_apply(BATCHED)
         with closing(Daemon(engine, review, clock=lambda: SLOT)) as maker:
             plan_id = maker.nightly()
-        apply_id = gc_engine.start_apply(engine, plan_id, trigger="nightly_apply")
+        apply_id = start_apply(engine, plan_id, trigger="nightly_apply")
         execute(engine, "UPDATE gc_runs SET finished_at = finished_at - interval '80 hours'"
                         " WHERE id = :p", p=plan_id)  # fmt: skip
         with participating(engine, apply_id):  # the other replica works it
             assert scheduler.close_unresumable(engine, apply_id, 72, SLOT) is True
         with engine.connect() as conn:
-            assert gc_engine.load_run(conn, apply_id)["status"] == "running"
+            assert load_run(conn, apply_id)["status"] == "running"
         assert scheduler.close_unresumable(engine, apply_id, 72, SLOT) is True  # an orphan now
         with engine.connect() as conn:
-            assert gc_engine.load_run(conn, apply_id)["status"] == "failed"
+            assert load_run(conn, apply_id)["status"] == "failed"
 
 
 class TestOneNightlyRunPerDaemon:
