@@ -16,7 +16,7 @@ from typing import Any
 from gc_worker import reviews
 from gc_worker.cli import Context, parse_now, parse_uuid, positive_int, user_id_arg
 from gc_worker.errors import UsageError
-from gc_worker.render import printable
+from gc_worker.render_text import printable
 
 
 def register(sub: Any) -> None:
@@ -102,7 +102,7 @@ def _review_id(value: str) -> int:
 
 def _describe(item: reviews.ReviewItem, rows: dict[Any, Any]) -> str:
     """The item for a terminal: a store text can neither add lines (a forged member id an
-    operator might pass to --keep) nor send control or bidi characters (render.printable)."""
+    operator might pass to --keep) nor send control or bidi characters (render_text.printable)."""
     head = (
         f"#{item.id}  {item.status}  user={printable(item.user_id)}  {printable(item.kind)}  "
         f"reason={printable(item.reason)}  {item.created_at:%Y-%m-%d %H:%M}"

@@ -1,5 +1,6 @@
-"""The run report as one self-contained HTML page (gc_worker.render: the facts it shows and the
-other formats). Every value from the store is escaped; markup built here is marked ``_Html``."""
+"""The run report as one self-contained HTML page (gc_worker.render_facts: the facts it shows;
+gc_worker.render: the other formats). Every value from the store is escaped; markup built here
+is marked ``_Html``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from gc_worker.render import (
+from gc_worker.render_banner import banner
+from gc_worker.render_facts import (
     DRIFTED_HEADERS,
     SAMPLE_HEADERS,
     Report,
@@ -19,16 +21,14 @@ from gc_worker.render import (
     _header_rows,
     _job_table,
     _llm_rows,
-    _more_note,
     _reason_rows,
     _samples,
-    _text,
     _total_actions,
     _total_rows,
     _user_rows,
-    banner,
     drifted_heading,
 )
+from gc_worker.render_text import _more_note, _text
 
 
 class _Html(str):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gc_worker import render
+from gc_worker import render, render_banner
 from gc_worker.render_html import render_html
 
 RUN_ID = "run-2024-06-01-dry"
@@ -218,7 +218,7 @@ class TestBanner:
     )  # fmt: skip
     def test_banner(self, report, changes, kind, says, suggests) -> None:
         report.update(changes)
-        got_kind, headline, rest = render.banner(report)
+        got_kind, headline, rest = render_banner.banner(report)
         assert got_kind == kind and says in headline + " " + rest
         commands = re.findall(r"`([^`]*)`", rest)
         assert commands == [] if suggests is None else any(suggests in c for c in commands)

@@ -14,6 +14,7 @@ from uuid import UUID
 from gc_worker import render
 from gc_worker.cli import main
 from gc_worker.commands import summary_line
+from gc_worker.render_facts import NOTHING_TO_DO
 from gc_worker.report import build_report
 from tests.store import NOW, add, days_ago, execute, run
 
@@ -203,7 +204,7 @@ class TestOnlyDriftedRun:
         assert [a["memory_id"] for a in report["drifted"]] == [str(expired)]
         for fmt in ("md", "html"):
             text = render.render(report, fmt)
-            assert render.NOTHING_TO_DO not in text, fmt  # false: a change was needed, skipped
+            assert NOTHING_TO_DO not in text, fmt  # false: a change was needed, skipped
             assert str(expired)[:8] in text, fmt  # the skipped memory is named somewhere
 
     def test_the_summary_line_does_not_say_nothing_to_do(self, engine, cli_env, capsys):

@@ -1,0 +1,86 @@
+"""How a report's values become text for people: a text from the store (``Stored``) is shown,
+never interpreted; every value is put on one line with its control and bidi characters shown as
+� (``printable``); numbers get thousands separators, memory ids are shortened to 8 characters,
+contents and detail values are clipped to PREVIEW_CHARS, long lists end "… and N more".
+The Markdown and HTML renderers escape what these return, each for its own format.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+PREVIEW_CHARS = 120
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
+_LIST_KEYS = ("content", "memory_ids")  # details shown in their own columns
+# What must not reach a person's terminal or viewer from the store: control characters (ESC
+# sequences drive a terminal; NUL, BEL; DEL and the C1 set, \x9b being a one-byte CSI) and the
+# bidi controls that reorder what is shown (marks, embeddings, overrides, isolates).
+_NOT_C0 = r"\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_UNPRINTABLE = re.compile(rf"[\x00-\x1f{_NOT_C0}]")
+# Those json.dumps leaves raw (it escapes the C0 controls only; its own newlines are layout).
+RAW_IN_JSON = re.compile(rf"[{_NOT_C0}]")
+
+
+class Stored(str):
+    """A text from the store (memory content, a user id, a detail value): shown, never
+    interpreted — Markdown escapes its punctuation too."""
+
+
+def printable(text: str) -> str:
+    """``text`` on one line, whitespace collapsed, control and bidi characters shown as �."""
+    return _UNPRINTABLE.sub("\ufffd", " ".join(text.split()))
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return printable(str(value))
+
+
+def _stored(value: Any) -> Stored | None:
+    return None if value is None else Stored(value)
+
+
+def _counts_text(counts: Mapping[str, int] | None) -> str:
+    return ", ".join(f"{k} {n:,}" for k, n in (counts or {}).items() if n) or "—"
+
+
+def _short_id(value: Any) -> str:
+    text = _text(value)
+    return text[:8] if _UUID.match(text) else text
+
+
+def _preview(content: Any) -> str:
+    if content is None:
+        return "—"
+    text = " ".join(str(content).split())
+    return Stored(text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…")
+
+
+def _details_text(details: Mapping[str, Any]) -> str:
+    shown = [f"{k}={_clipped(_short_id(v))}" for k, v in details.items() if k not in _LIST_KEYS]
+    return Stored(", ".join(shown)) if shown else "—"
+
+
+def _clipped(text: str) -> str:
+    """A detail value cut to the preview length (a merged record holds a whole memory text)."""
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+def _id_list(ids: Sequence[Any]) -> str:
+    return f"{len(ids)}: " + _limited([_short_id(i) for i in ids], 8)
+
+
+def _limited(items: Iterable[Any], limit: int) -> str:
+    items = [str(i) for i in items]
+    more = f" … and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _more_note(more: int, what: str) -> str:
+    return f"… and {more:,} more {what}" if more else ""
