@@ -3,7 +3,7 @@ its transaction, with none open, when a job may ask the model (``asks_model``) â
 (or stored, in a dry run) and marked done in one short transaction, whose drift check covers
 every edit made while the model answered (gc_worker.execute; for content-versioned actions a
 read's access stamp is no edit). ``process_next_batch`` does the next pending batch
-nobody else holds; gc_worker.engine walks a run with it.
+nobody else holds; gc_worker.run_workers walks a run with it.
 """
 
 from __future__ import annotations

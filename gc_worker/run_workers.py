@@ -121,18 +121,18 @@ def _work_parallel(
     *,
     helpers: int,
     participate: bool,
-    interrupted: threading.Event | None = None,
+    interrupted: threading.Event,
 ) -> bool:
     """The caller and ``helpers`` threads work the run side by side. Each helper participates
     on a session of its own, so one that loses the database leaves the run to the others (as a
     replica would). The caller's interrupt (Ctrl-C, SIGTERM) stops the helpers after their
     current batch. Outcome: completed if any of them closed the run, even if the caller was
     interrupted meanwhile; otherwise an interrupt; RunFailed if one closed it failed; otherwise
-    the first error; otherwise False (stopped). ``interrupted`` is set when the caller was."""
-    stop = interrupted if interrupted is not None else threading.Event()
+    the first error; otherwise False (stopped). ``interrupted`` is set when the caller was
+    (the helpers stop at it)."""
 
     def stopping() -> bool:
-        return stop.is_set() or bool(should_stop and should_stop())
+        return interrupted.is_set() or bool(should_stop and should_stop())
 
     batch_done = _one_report_at_a_time(on_batch)
 
@@ -147,8 +147,8 @@ def _work_parallel(
     except BaseException as exc:
         mine = exc
     if isinstance(mine, BaseException) and not isinstance(mine, Exception):
-        stop.set()  # interrupted: the helpers finish their batch and stop
-    waiting = _wait_for_helpers(threads, stop)
+        interrupted.set()  # the helpers finish their batch and stop
+    waiting = _wait_for_helpers(threads, interrupted)
     everyone = [mine, *threads.outcomes, *waiting]
     _fail_if_left_alone(engine, run_id, everyone, stopping)
     return _outcome(everyone)
