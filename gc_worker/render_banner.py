@@ -77,6 +77,11 @@ def _dry_run_banner(report: Report) -> Banner:
     )
     if (status == "completed" or only_batches_failed) and (too_old := _too_old(report)):
         return "dry", nothing, f"{too_old} Make a new plan: `memory-gc run --dry-run`"
+    if report.get("held") and (status == "completed" or only_batches_failed):
+        # schedule.hold_above_share: the daemon leaves it to a person (its text has the commands)
+        return "dry", "Dry run — held for a person.", (
+            f"The daemon does not apply it: it {_text(report['held'])}"
+        )  # fmt: skip
     if only_batches_failed:
         return "dry", f"Dry run — {len(report['failed_batches'])} batch(es) failed.", (
             "The other users' plan can be applied (the failed batches' users are left as "

@@ -130,6 +130,8 @@ class TestCommands:
         out = capsys.readouterr().out
         assert f"{plan_id}  dry_run  held" in out
         assert "held: retires 4 of the 8 active memories" in out
+        assert cli.main(["report", str(plan_id), "--format", "md"]) == 0
+        assert "held for a person" in capsys.readouterr().out
         assert cli.main(["apply", str(plan_id)]) == 0
         assert {status(engine, i) for i in expired_ids(engine)} == {"deleted"}
         assert cli.main(["runs"]) == 0

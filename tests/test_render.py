@@ -211,6 +211,12 @@ class TestBanner:
             # …and `restore --run` would not find its apply run either
             ({"mode": "apply", "trigger": "demo"}, "applied", "demo's own database",
              "memory-gc demo"),
+            # a plan the daemon holds for a person (schedule.hold_above_share)
+            ({"held": f"retires 9 of 10 (90%): then `memory-gc apply {RUN_ID}` or `reject`"},
+             "dry", "held for a person", f"memory-gc apply {RUN_ID}"),
+            # …unless too old by now: `apply` would refuse it
+            ({"held": "retires 9 of 10", "plan_age": {"hours": 80, "limit_hours": 72}}, "dry",
+             "older than run.max_plan_age_hours", "memory-gc run --dry-run"),
             # `apply` refuses a plan for more than a day ahead (cli.not_ahead)
             ({"now": "2062-06-01T03:00:00+00:00"}, "dry", "more than a day ahead",
              "memory-gc run --dry-run"),
