@@ -256,7 +256,9 @@ def cmd_restore(args: argparse.Namespace, ctx: Context) -> int:
           + (f"; cannot be brought back: {', '.join(gone)}" if gone else ""))  # fmt: skip
     kept = result.why_not
     for memory_id, action, why in kept[:SHOWN_KEPT]:
-        print(f"  {memory_id}  {why}  (its {action} kept)")
+        later = result.later_runs.get((memory_id, action))
+        first = f"; restore run {later} first" if later else ""
+        print(f"  {memory_id}  {why}  (its {action} kept{first})")
     if kept:
         more = f"{len(kept) - SHOWN_KEPT:,} more and " if len(kept) > SHOWN_KEPT else ""
         print(f"  ({more}why: `memory-gc report {result.run_id}`, section Not restorable)")

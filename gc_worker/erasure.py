@@ -44,7 +44,7 @@ KEEP_DETAILS = (
     "into", "sources", "memory_ids", "superseded_by", "group", "request_ids", "derived_from",
     "source_of",
     "same_content_as", "reactivated_from", "matched", "status", "status_reason", "importance",
-    "close_valid_until", "expires_at", "undid", "run", "over_cap_by",
+    "close_valid_until", "expires_at", "undid", "run", "later_run", "over_cap_by",
 )  # fmt: skip
 EMPTY_RESULT = {"erased": 0, "reactivated": 0, "purged": 0}
 

@@ -37,6 +37,9 @@ class RestoreResult:
     not_restorable: list[UUID] = field(default_factory=list)
     # per change not undone: (memory, the action kept, why: _why_left), in not_restorable's order
     why_not: list[tuple[UUID, str, str]] = field(default_factory=list)
+    # (memory, action) -> the later run whose change the row holds (why `later_run`): restore
+    # that run first
+    later_runs: dict[tuple[UUID, str], UUID] = field(default_factory=dict)
     purged: int = 0  # rows the restored run physically deleted: gone for good
     erased: int = 0  # rows it erased ("forget me"): never undone
 
@@ -127,41 +130,49 @@ def _restore(
     done = [r for r in rows if r.action_id in undone]
     left = [r for r in rows if r.action_id not in undone]
     conn.execute(q("mark_restored"), {"ids": [r.action_id for r in done]})
-    why = _why_left(conn, left, in_place, unchanged)
-    result = RestoreResult(run_id=_record_restore_run(conn, run_id, done, left, why, now))
+    why, later = _why_left(conn, run_id, left, in_place, unchanged)
+    result = RestoreResult(run_id=_record_restore_run(conn, run_id, done, left, why, later, now))
     _record_dismissals(conn, result.run_id, run_id, done)
     result.restored = [r.memory_id for r in done]
     result.not_restorable = [r.memory_id for r in left]
     result.why_not = [(r.memory_id, r.action, why[r.action_id]) for r in left]
+    result.later_runs = {(r.memory_id, r.action): later[r.action_id] for r in left
+                         if r.action_id in later}  # fmt: skip
     return result
 
 
 def _why_left(
-    conn: Connection, left: list[Any], in_place: set[UUID], unchanged: set[UUID]
-) -> dict[Any, str]:
-    """Per action a restore could not undo, why (the restore run's report names each): the row
-    is no longer stored, is another user's now, was erased, a pending erasure request names it
-    (or its user), the application (or a later run) changed it since; or, for a change still
-    as the run made it (a retired row ``in_place``, a created record ``unchanged``), its merge
-    is kept whole because another row of it changed."""
+    conn: Connection, run_id: UUID, left: list[Any], in_place: set[UUID], unchanged: set[UUID]
+) -> tuple[dict[Any, str], dict[Any, UUID]]:
+    """Per action a restore could not undo, why (the restore run's report names each;
+    ``restore_left_state`` says what each reason means), and for those a later run's change
+    holds (``later_run``) that run. A ``changed_since`` on a change still as the run made it
+    (a retired row ``in_place``, a created record ``unchanged``) is refined: its merge is kept
+    whole (``merge_kept``) because another row of it changed or is gone."""
     if not left:
-        return {}
-    params = {"ids": [r.memory_id for r in left], "users": [r.user_id for r in left]}
-    state = {row.id: row.why for row in conn.execute(q("restore_left_state"), params)}
+        return {}, {}
+    params = {
+        "ids": [r.memory_id for r in left],
+        "users": [r.user_id for r in left],
+        "action_ids": [r.action_id for r in left],
+        "actions": [r.action for r in left],
+        "run_id": run_id,
+    }
+    state = {row.action_id: row for row in conn.execute(q("restore_left_state"), params)}
 
     def still_made(r: Any) -> bool:  # by the action's kind: a row can have two in one run
         if Kind(r.action) in TARGET_STATUS:
             return r.memory_id in in_place
         return r.action == Kind.CREATE_MERGED and r.memory_id in unchanged
 
-    return {
-        r.action_id: (
-            "merge_kept"
-            if state.get(r.memory_id) == "changed_since" and still_made(r)
-            else state.get(r.memory_id, "changed_since")
-        )
+    why = {
+        r.action_id: "merge_kept"
+        if state[r.action_id].why == "changed_since" and still_made(r)
+        else state[r.action_id].why
         for r in left
     }
+    later = {a: row.later_run for a, row in state.items() if why[a] == "later_run"}
+    return why, later
 
 
 # what a model decided: a near-duplicate merge, a contradiction judged on a similar pair
@@ -316,10 +327,12 @@ def _record_restore_run(
     rows: list[Any],
     left: list[Any],
     why: dict[Any, str],
+    later: dict[Any, UUID],
     now: datetime,
 ) -> UUID:
     """The restore as a run: an applied ``restore`` action per change undone, and a drifted
-    one per change it could not undo, its reason saying why (``_why_left``)."""
+    one per change it could not undo, its reason saying why (``_why_left``; for ``later_run``,
+    ``details.later_run`` names that run)."""
     run_id = uuid4()
     conn.execute(
         q("insert_run"),
@@ -334,7 +347,8 @@ def _record_restore_run(
     audit.record(conn, run_id, 0, actions, outcome="applied")
     kept = [
         Action(job=r.job, action=Kind.RESTORE, user_id=r.user_id, reason=why[r.action_id],
-               memory_id=r.memory_id, details={"undid": r.action, "run": str(source_run)})
+               memory_id=r.memory_id, details={"undid": r.action, "run": str(source_run)}
+               | ({"later_run": str(later[r.action_id])} if r.action_id in later else {}))
         for r in left
     ]  # fmt: skip
     audit.record(conn, run_id, 0, kept, outcome="drifted", seq_start=len(actions))

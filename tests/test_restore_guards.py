@@ -108,7 +108,8 @@ def test_restoring_a_run_does_not_undo_a_later_run_with_the_same_clock(engine, s
     second = run(engine, settings, jobs=["ttl_expiry"])
     assert second["totals"]["by_action"] == {"soft_delete": 1}
     kept = restore.restore_run(engine, UUID(first["run_id"]), now=NOW + timedelta(hours=1))
-    assert (kept.restored, kept.why_not) == ([], [(m, "soft_delete", "changed_since")])
+    assert (kept.restored, kept.why_not) == ([], [(m, "soft_delete", "later_run")])
+    assert kept.later_runs == {(m, "soft_delete"): UUID(second["run_id"])}
     assert status(engine, m) == "deleted"
     back = restore.restore_run(engine, UUID(second["run_id"]), now=NOW + timedelta(hours=2))
     assert back.restored == [m]

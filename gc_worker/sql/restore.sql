@@ -178,11 +178,17 @@ RETURNING m.id
 UPDATE gc_actions SET outcome = 'restored' WHERE id = ANY(:ids)
 
 -- restore_left_state --
--- Why a restore could not undo a change, per row (of the run's user): no longer stored, moved
--- to another user, erased, named by a pending erasure request (of its user, or of the memory),
--- else changed since (gc_worker.restore._why_left refines that for a merge kept whole).
-SELECT s.id,
-       CASE WHEN m.id IS NULL THEN 'no_longer_stored'
+-- Why a restore could not undo a change, per action (of the run's user): the row is gone
+-- (erased, purged by the worker past retention, else deleted by the application), moved to
+-- another user, erased, named by a pending erasure request (of its user, or of the memory);
+-- for a created record, a row it was made from was purged (it holds what that row said, for
+-- good); a later run's change is what the row holds now (`later_run`, that run's id: restore
+-- it first); else the application changed it since (gc_worker.restore._why_left refines that
+-- for a merge kept whole).
+SELECT s.action_id,
+       CASE WHEN m.id IS NULL AND gone.erased THEN 'erased'
+            WHEN m.id IS NULL AND gone.purged THEN 'purged'
+            WHEN m.id IS NULL THEN 'no_longer_stored'
             WHEN m.user_id <> s.user_id THEN 'moved_to_another_user'
             WHEN m.status = 'deleted' AND m.status_reason IN ('erasure', 'erasure_tombstone')
                 THEN 'erased'
@@ -190,7 +196,40 @@ SELECT s.id,
                          WHERE r.status = 'pending' AND r.user_id = s.user_id
                            AND (r.kind = 'user' OR r.memory_id = s.id))
                 THEN 'erasure_pending'
+            WHEN s.action = 'create_merged' AND EXISTS (
+                     SELECT 1
+                     FROM gc_actions c
+                     CROSS JOIN LATERAL jsonb_array_elements_text(c.details -> 'sources') AS src(id)
+                     JOIN gc_actions h ON h.memory_id = CAST(src.id AS uuid)
+                     WHERE c.id = s.action_id AND jsonb_typeof(c.details -> 'sources') = 'array'
+                       AND h.action = 'hard_delete' AND h.outcome = 'applied'
+                       AND NOT EXISTS (SELECT 1 FROM memories g WHERE g.id = h.memory_id))
+                THEN 'source_purged'
+            WHEN later.run_id IS NOT NULL THEN 'later_run'
             ELSE 'changed_since'
-       END AS why
-FROM unnest(CAST(:ids AS uuid[]), CAST(:users AS text[])) AS s(id, user_id)
+       END AS why,
+       later.run_id AS later_run
+FROM unnest(CAST(:ids AS uuid[]), CAST(:users AS text[]), CAST(:action_ids AS bigint[]),
+            CAST(:actions AS text[])) AS s(id, user_id, action_id, action)
 LEFT JOIN memories m ON m.id = s.id
+CROSS JOIN LATERAL (
+    SELECT coalesce(bool_or(h.reason LIKE '%erasure%'), false) AS erased,
+           count(*) > 0 AS purged
+    FROM gc_actions h
+    WHERE h.memory_id = s.id AND h.action = 'hard_delete' AND h.outcome = 'applied') AS gone
+LEFT JOIN LATERAL (  -- the latest change of another run, later than this one, still in place
+    SELECT g.run_id
+    FROM gc_actions g JOIN gc_runs gr ON gr.id = g.run_id
+    WHERE g.memory_id = s.id AND g.id > s.action_id AND g.run_id <> :run_id
+      AND g.outcome = 'applied'
+      AND CASE WHEN s.action = 'set_importance'
+               THEN g.action = 'set_importance' AND m.importance_assessed_at = gr.now
+                    AND m.importance::text = g.details ->> 'importance'
+               ELSE g.action IN ('soft_delete', 'obsolete', 'merge')
+                    AND m.status = CASE g.action WHEN 'soft_delete' THEN 'deleted'
+                                                 WHEN 'obsolete' THEN 'obsolete'
+                                                 ELSE 'merged' END
+                    AND m.status_reason = g.reason AND m.status_changed_at = gr.now
+          END
+    ORDER BY g.id DESC
+    LIMIT 1) AS later ON true
