@@ -59,3 +59,17 @@ class LLMBudgetExhausted(LLMError):
         self.used = used
         self.maximum = maximum
         super().__init__(f"LLM {limit} budget exhausted: {used} used of {maximum}")
+
+
+class SpendLocked(LLMUnavailable):
+    """Another session held the run's shared model budget row past the worker's wait: the call
+    is not made (nothing was spent on it); its group is deferred like any unanswered one."""
+
+    def __init__(self, run_id: object, waited_ms: int) -> None:
+        self.kind, self.attempts, self.status_code = "budget", 0, None
+        LLMError.__init__(
+            self,
+            f"the run's model budget (gc_run_llm_spend, run {run_id}) stayed locked by another "
+            f"session for {waited_ms} ms, so no model call was made; the work waits for a later "
+            "run. End the transaction holding that row (pg_locks / pg_stat_activity)",
+        )
