@@ -9,6 +9,7 @@ nobody else holds; gc_worker.run_workers walks a run with it.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
@@ -28,6 +29,18 @@ from gc_worker.execute import execute
 from gc_worker.queries import q
 
 log = structlog.get_logger("memory_gc")
+# The batches this thread committed, until the caller takes them (``take_committed``; the
+# daemon does, in the on_batch callback this thread makes next): a daemon's own batches, which
+# gc_run_batches.worker (the process's WORKER_ID) cannot tell apart from another daemon's of
+# the same process.
+_committed = threading.local()
+
+
+def take_committed(run_id: UUID) -> list[int]:
+    """The numbers of the batches of ``run_id`` this thread committed since the last call."""
+    mine: list[tuple[UUID, int]] = getattr(_committed, "batches", [])
+    _committed.batches = []
+    return [batch_no for run, batch_no in mine if run == run_id]
 
 
 def process_next_batch(
@@ -78,6 +91,7 @@ def process_next_batch(
                 claim.note_unapplied_llm(run["id"], _spent(llm, llm_before))
     if summary is not None:
         log.info("gc.batch_committed", batch_no=batch_no, users=len(claim.batch.users), **summary)
+        _committed.batches = [*getattr(_committed, "batches", []), (run["id"], batch_no)]
     return True
 
 

@@ -27,7 +27,8 @@ from gc_worker.db import LOCK_NOT_AVAILABLE, describe_error, translated_errors
 from gc_worker.queries import q
 
 log = structlog.get_logger(__name__)
-# This process, in gc_run_batches.worker and gc_sweep_requests.claimed_by: host and pid for the
+# This process, in gc_run_batches.worker (a daemon's gc_sweep_requests.claimed_by adds a part of
+# its own, Daemon.worker_id: a process may run several daemons): host and pid for the
 # operator, then a random part, because host and pid do not tell processes apart over time — in
 # a container the worker is PID 1 and a Kubernetes pod keeps its host name when it restarts, so
 # a restarted daemon had its dead predecessor's identity (its metrics counted the predecessor's

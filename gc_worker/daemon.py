@@ -24,6 +24,7 @@ sweep goes back to the queue, and ``serve`` returns.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -38,7 +39,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import Engine
 
-from gc_worker import scheduler, sweeps
+from gc_worker import batch_run, scheduler, sweeps
 from gc_worker.batch_run import WORKER_ID
 from gc_worker.claims import participating
 from gc_worker.config import Settings
@@ -50,6 +51,7 @@ from gc_worker.queries import q
 from gc_worker.run_record import RESUMED_TRIGGERS, load_run, settings_of
 
 log = structlog.get_logger("memory_gc")
+_DAEMONS = itertools.count(1)  # the daemons of this process, numbered (Daemon.worker_id)
 
 RESUMABLE = RESUMED_TRIGGERS
 SWEEP_TRIGGER = "sweep"
@@ -78,6 +80,9 @@ class Daemon:
         metrics: Metrics | None = None,
     ) -> None:
         self.engine, self.settings, self.clock = engine, settings, clock
+        # this daemon, as a sweep request's holder (claimed_by) and in logs and /healthz: the
+        # process's WORKER_ID and a part of its own, as a process may run several daemons
+        self.worker_id = f"{WORKER_ID}/{next(_DAEMONS)}"
         self.trigger = scheduler.nightly_trigger(settings.schedule)
         self.metrics = metrics or Metrics()
         try:
@@ -123,7 +128,7 @@ class Daemon:
         else:
             limit = max(60.0, 10 * self.settings.schedule.poll_seconds)
         ok = not self.stopping() and age <= limit
-        return ok, {"worker": WORKER_ID, "stopping": self.stopping(), "loop_age_seconds": age,
+        return ok, {"worker": self.worker_id, "stopping": self.stopping(), "loop_age_seconds": age,
                     "sweeping": self.sweeping}  # fmt: skip
 
     def close(self) -> None:
@@ -242,7 +247,7 @@ class Daemon:
     def sweep_next(self) -> bool:
         """Serve the oldest on-demand sweep request; False when the queue is empty."""
         claim = sweeps.claim_sweep(
-            self.engine, worker=WORKER_ID, lease_seconds=self.settings.run.lease_seconds
+            self.engine, worker=self.worker_id, lease_seconds=self.settings.run.lease_seconds
         )
         if claim is None:
             return False
@@ -276,7 +281,7 @@ class Daemon:
         background = build_scheduler(self)
         background.start()
         listener = sweeps.SweepListener(listen_dsn(self.engine), self._wake_r)
-        log.info("gc.daemon.started", worker=WORKER_ID, cron=self.settings.schedule.cron)
+        log.info("gc.daemon.started", worker=self.worker_id, cron=self.settings.schedule.cron)
         try:
             while not self.stopping():
                 self.last_loop = time.monotonic()
@@ -287,7 +292,7 @@ class Daemon:
         finally:
             background.shutdown(wait=True)
             listener.close()
-            log.info("gc.daemon.stopped", worker=WORKER_ID)
+            log.info("gc.daemon.stopped", worker=self.worker_id)
 
     def _sweep_step(self) -> bool:
         self.sweeping = True
@@ -334,7 +339,8 @@ class Daemon:
     ) -> None:
         if on_progress is not None:
             on_progress()
-        self._count(self.metrics.batches_committed, run_id, trigger)
+        batch_nos = batch_run.take_committed(run_id)  # this thread's: it just committed them
+        self._count(self.metrics.batches_committed, run_id, trigger, batch_nos)
 
     def _count(self, update: Callable[..., None], run_id: UUID, *args: Any) -> None:
         """Update the counters from the database, best-effort: the update comes after the
@@ -368,7 +374,7 @@ class Daemon:
             self._give_up(claim)
             return
         lease = sweeps.Lease(
-            self.engine, claim.id, worker=WORKER_ID, seconds=self.settings.run.lease_seconds
+            self.engine, claim.id, worker=self.worker_id, seconds=self.settings.run.lease_seconds
         )
 
         def progressed() -> None:  # a sign of life for /healthz and for the other replicas
@@ -387,10 +393,10 @@ class Daemon:
         with self.engine.connect() as conn:
             status = load_run(conn, run_id)["status"]
         if done or status == "completed":
-            if sweeps.finish_sweep(self.engine, claim.id, worker=WORKER_ID):
+            if sweeps.finish_sweep(self.engine, claim.id, worker=self.worker_id):
                 self.metrics.sweeps.labels("done").inc()
         elif self.stopping():
-            sweeps.release_sweep(self.engine, claim.id, worker=WORKER_ID)
+            sweeps.release_sweep(self.engine, claim.id, worker=self.worker_id)
         # else: another worker still holds the run's last batch (say a holder whose lease ran out
         # before it joined the run); once the lease runs out, the next claimer finds the run
         # completed and closes the request
@@ -417,7 +423,7 @@ class Daemon:
         return run_id
 
     def _sweep_failed(self, request_id: int, error: str) -> None:
-        if sweeps.finish_sweep(self.engine, request_id, worker=WORKER_ID, error=error):
+        if sweeps.finish_sweep(self.engine, request_id, worker=self.worker_id, error=error):
             self.metrics.sweeps.labels("failed").inc()
 
     def _give_up(self, claim: sweeps.SweepClaim) -> None:

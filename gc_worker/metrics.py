@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from uuid import UUID
@@ -38,7 +38,6 @@ from prometheus_client import (
 )
 from sqlalchemy.engine import Engine
 
-from gc_worker.batch_run import WORKER_ID
 from gc_worker.queries import q
 
 DURATION_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400)
@@ -103,16 +102,24 @@ class Metrics:
         for status in ("done", "failed"):
             self.sweeps.labels(status)
         self._seen: dict[UUID, set[int]] = {}
+        self._owed: dict[UUID, set[int]] = {}  # committed, not counted yet (a read failed)
         self._lock = threading.Lock()
 
-    def batches_committed(self, engine: Engine, run_id: UUID, trigger: str) -> None:
-        """Count the actions of the run's batches this replica committed since the last call."""
+    def batches_committed(
+        self, engine: Engine, run_id: UUID, trigger: str, batch_nos: Sequence[int] = ()
+    ) -> None:
+        """Count the actions of ``batch_nos``, batches of the run this daemon committed, and of
+        those it committed before whose count a failed read missed."""
         with self._lock:
             seen = self._seen.setdefault(run_id, set())
+            owed = self._owed.setdefault(run_id, set())
+            owed.update(batch_nos)
+            if not owed:
+                return
             with engine.connect() as conn:
                 rows = conn.execute(
                     q("batch_action_counts"),
-                    {"run_id": run_id, "worker": WORKER_ID, "seen": sorted(seen)},
+                    {"run_id": run_id, "batches": sorted(owed), "seen": sorted(seen)},
                 ).all()
             for row in rows:
                 if row.job is not None:
@@ -120,6 +127,7 @@ class Metrics:
             new = {row.batch_no for row in rows} - seen
             self.batches.labels(trigger).inc(len(new))
             seen |= new
+            owed.clear()
 
     def load_last_successes(self, engine: Engine, triggers: tuple[str, ...]) -> None:
         """Start the last-success gauge from the store: a replica started after the last

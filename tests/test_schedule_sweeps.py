@@ -14,7 +14,6 @@ import sqlalchemy as sa
 
 import jobs.ttl_expiry as ttl
 from gc_worker import cli, db, sweeps
-from gc_worker.batch_run import WORKER_ID
 from gc_worker.claims import participating
 from gc_worker.config import RunSettings, ScheduleSettings, Settings
 from gc_worker.daemon import BUSY_LIMIT_SECONDS, Daemon, listen_dsn
@@ -214,7 +213,7 @@ class TestLease:
         run_id = daemon._sweep_run(self.claim_and_die(engine, 301))
         for _ in range(sweeps.MAX_ATTEMPTS - 1):
             self.claim_and_die(engine, 301)
-        claim = sweeps.claim_sweep(engine, worker=WORKER_ID, lease_seconds=300)
+        claim = sweeps.claim_sweep(engine, worker=daemon.worker_id, lease_seconds=300)
         assert claim is not None and claim.attempts > sweeps.MAX_ATTEMPTS
         with participating(engine, run_id):
             daemon._serve_sweep(claim)

@@ -2,9 +2,10 @@
 
 In a container memory-gc runs as PID 1, and a Kubernetes pod keeps its host name when it is
 restarted: host and pid alone gave a restarted daemon its dead predecessor's identity, and its
-metrics (batch_action_counts selects the batches of `worker = WORKER_ID`) counted the
-predecessor's batches as its own. The daemons here are real processes whose host name and pid
-are those of one pod, restarted.
+metrics (which then selected the batches of `worker = WORKER_ID`; now the batches its own
+threads committed, tests/test_daemon_identity.py) counted the predecessor's batches as its
+own. The daemons here are real processes whose host name and pid are those of one pod,
+restarted.
 """
 
 from __future__ import annotations

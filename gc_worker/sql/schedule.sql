@@ -177,11 +177,13 @@ SELECT status, mode, trigger, finished_at,
 FROM gc_runs WHERE id = :run_id
 
 -- batch_action_counts --
--- Actions of the run's batches this worker committed, except batches already counted.
+-- Actions of the run's batches this daemon committed (:batches, gc_worker.batch_run
+-- .take_committed), except batches already counted.
 SELECT b.batch_no, a.job, a.action, a.outcome, count(a.id) AS n
 FROM gc_run_batches b
 LEFT JOIN gc_actions a ON a.run_id = b.run_id AND a.batch_no = b.batch_no
-WHERE b.run_id = :run_id AND b.state = 'done' AND b.worker = :worker
+WHERE b.run_id = :run_id AND b.state = 'done'
+  AND b.batch_no = ANY(CAST(:batches AS integer[]))
   AND NOT (b.batch_no = ANY(CAST(:seen AS integer[])))
 GROUP BY b.batch_no, a.job, a.action, a.outcome
 
