@@ -91,7 +91,8 @@ def process_next_batch(
                 claim.note_unapplied_llm(run["id"], _spent(llm, llm_before))
     if summary is not None:
         log.info("gc.batch_committed", batch_no=batch_no, users=len(claim.batch.users), **summary)
-        _committed.batches = [*getattr(_committed, "batches", []), (run["id"], batch_no)]
+        mine = [b for b in getattr(_committed, "batches", []) if b[0] == run["id"]]  # (bounded:
+        _committed.batches = [*mine, (run["id"], batch_no)]  # a caller may never take them)
     return True
 
 

@@ -199,9 +199,11 @@ SELECT s.action_id,
             WHEN s.action = 'create_merged' AND EXISTS (
                      SELECT 1
                      FROM gc_actions c
-                     CROSS JOIN LATERAL jsonb_array_elements_text(c.details -> 'sources') AS src(id)
+                     CROSS JOIN LATERAL jsonb_array_elements_text(
+                         CASE WHEN jsonb_typeof(c.details -> 'sources') = 'array'
+                              THEN c.details -> 'sources' ELSE CAST('[]' AS jsonb) END) AS src(id)
                      JOIN gc_actions h ON h.memory_id = CAST(src.id AS uuid)
-                     WHERE c.id = s.action_id AND jsonb_typeof(c.details -> 'sources') = 'array'
+                     WHERE c.id = s.action_id
                        AND h.action = 'hard_delete' AND h.outcome = 'applied'
                        AND NOT EXISTS (SELECT 1 FROM memories g WHERE g.id = h.memory_id))
                 THEN 'source_purged'
