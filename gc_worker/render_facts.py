@@ -165,7 +165,7 @@ def _drifted_rows(report: Report) -> tuple[Rows, int]:
             _stored(a.get("user_id")),
             a.get("job"),
             _drifted_action(a),
-            a.get("reason"),
+            _drifted_reason(a),
             _preview((a.get("details") or {}).get("content")),
         ]
         for a in drifted[:DEFERRED_GROUPS]
@@ -177,6 +177,13 @@ def _drifted_action(action: dict[str, Any]) -> Any:
     """The action of a drifted row; a restore's names the change it kept."""
     undid = (action.get("details") or {}).get("undid")
     return f"{action.get('action')} of {undid}" if undid else action.get("action")
+
+
+def _drifted_reason(action: dict[str, Any]) -> Any:
+    """The reason; a restore's ``later_run`` names the run to restore first."""
+    later = (action.get("details") or {}).get("later_run")
+    reason = action.get("reason")
+    return f"{reason}: restore run {later} first" if later else reason
 
 
 def _empty_totals(report: Report) -> str:

@@ -107,6 +107,8 @@ def test_a_record_a_later_run_folded_reads_later_run_and_names_it(engine, cli_en
     assert (
         f"{record}  later_run  (its create_merged kept; restore run {later['run_id']} first)" in out
     )
+    assert main(["report", str(result_run), "--format", "md"]) == 0
+    assert f"later_run: restore run {later['run_id']} first" in capsys.readouterr().out
 
 
 def test_a_row_a_later_run_retired_then_the_application_changed_reads_changed_since(
