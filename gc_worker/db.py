@@ -23,6 +23,7 @@ from psycopg.types.array import ListBinaryDumper
 from sqlalchemy.engine import Connection, Engine
 
 from gc_worker.config import Runtime
+from gc_worker.error_text import server_message
 from gc_worker.errors import ConfigError, DatabaseUnavailable, StatementFailed, WriteConflict
 
 EMBEDDED_DB = "memory_gc"
@@ -227,8 +228,8 @@ def translated_errors() -> Iterator[None]:
     except sa.exc.OperationalError as exc:
         if _is_conflict(exc.orig):
             raise WriteConflict(
-                f"a concurrent writer conflicted with this transaction ({exc.orig.sqlstate}: "
-                f"{str(exc.orig).splitlines()[0]}); it was rolled back whole and is safe to retry"
+                f"a concurrent writer conflicted with this transaction ({describe_error(exc)}); "
+                "it was rolled back whole and is safe to retry"
             ) from None
         if _is_statement_failure(exc.orig):
             raise StatementFailed(
@@ -245,11 +246,11 @@ def translated_errors() -> Iterator[None]:
 
 def describe_error(exc: BaseException) -> str:
     """``Type: message`` for what the worker stores and logs about a failure. A driver error is
-    cut to the server's first line: the rest (DETAIL "Failing row contains (…)", the statement)
-    can quote a row's content, which an erasure could not reach there."""
+    described from its diagnostics (``gc_worker.error_text``): the server's first line, its
+    DETAIL and the statement can quote a row's values — a trigger's RAISE formatting
+    NEW.content, a cast's input, "Failing row contains (…)" — which no erasure reaches there."""
     if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
-        first = (str(exc.orig).splitlines() or [""])[0]
-        return f"{type(exc.orig).__name__}: {first}"
+        return f"{type(exc.orig).__name__}: {server_message(exc.orig)}"
     return f"{type(exc).__name__}: {exc}"
 
 

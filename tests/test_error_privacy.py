@@ -1,0 +1,127 @@
+"""What memory-gc emits outside its audit about a failure — log lines, the CLI's stderr, the
+error columns of gc_runs, gc_run_batches and gc_sweep_requests — names the failure (exception
+type, SQLSTATE, constraint, table, function, memory ids) but quotes no row value: a server's
+first line can quote one too (an application trigger's RAISE formatting NEW.content, a cast of a
+metadata value in a CHECK), and a forgotten fact must not survive there. `forget` removes the
+erased ids from those columns, so verify-erasure comes out clean."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from gc_worker import db
+from gc_worker.cli import main
+from gc_worker.daemon import Daemon
+from gc_worker.errors import RunFailed
+from gc_worker.sweeps import request_sweep
+from tests.store import NOW, add, days_ago, execute
+
+SECRET = "Quokkaberry"  # the distinctive fact: nowhere outside the memory row, ever
+
+GUARD = """
+CREATE FUNCTION app_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'memory % (%) is under legal hold', NEW.id, NEW.content;
+END $$
+"""
+
+
+def stored_errors(engine: sa.Engine) -> str:
+    rows = execute(
+        engine,
+        "SELECT error FROM gc_runs WHERE error IS NOT NULL UNION ALL "
+        "SELECT error FROM gc_run_batches WHERE error IS NOT NULL UNION ALL "
+        "SELECT error FROM gc_sweep_requests WHERE error IS NOT NULL",
+    ).scalars()
+    return "\n".join(rows)
+
+
+def guarded(engine: sa.Engine) -> object:
+    """A memory with a distinctive text that the worker will try to soft-delete, and an
+    application trigger that refuses the update with a message quoting the row."""
+    memory_id = add(engine, "u1", f"Keeps a parrot named {SECRET}", expires_at=days_ago(1))
+    execute(engine, GUARD)
+    execute(engine, "CREATE TRIGGER app_guard BEFORE UPDATE ON memories"
+                    " FOR EACH ROW EXECUTE FUNCTION app_guard()")  # fmt: skip
+    return memory_id
+
+
+def test_a_triggers_message_quoting_the_row_is_not_kept(engine, settings, capsys, cli_env):
+    """The trigger's RAISE text quotes the content: the stored errors, the log lines and the
+    CLI's message keep the SQLSTATE, the function, the table and the memory id instead."""
+    memory_id = guarded(engine)
+    assert main(["run", "--now", NOW.isoformat()]) == 1
+    captured = capsys.readouterr()
+    errors = stored_errors(engine)
+    (batch_error,) = execute(engine, "SELECT error FROM gc_run_batches").scalars()
+    for part in ("RaiseException", "P0001", "app_guard()", str(memory_id)):
+        assert part in batch_error
+    assert "batch 0 (1 users): RaiseException" in errors
+    assert SECRET not in errors + captured.out + captured.err
+    assert "gc.batch_failed" in captured.err and "app_guard()" in captured.err
+
+
+def test_a_cast_quoting_a_metadata_value_is_not_kept(engine, settings, capsys):
+    """An application CHECK casting a metadata value fails the worker's UPDATE with
+    `invalid input syntax for type integer: "<the value>"`: kept without the value."""
+    add(engine, "u1", "plain", expires_at=days_ago(1))
+    execute(
+        engine,
+        "UPDATE memories SET metadata = jsonb_build_object('score', CAST(:s AS text))",
+        s=SECRET,
+    )
+    execute(engine, "ALTER TABLE memories ADD CONSTRAINT app_score CHECK"
+                    " ((metadata ->> 'score') IS NULL OR (metadata ->> 'score')::int >= 0)"
+                    " NOT VALID")  # fmt: skip
+    from tests.store import run
+
+    with pytest.raises(RunFailed) as failed:
+        run(engine, settings)
+    errors = stored_errors(engine)
+    assert "invalid input syntax for type integer" in errors and "22P02" in errors
+    assert SECRET not in errors + str(failed.value) + capsys.readouterr().out
+
+
+def test_a_unique_violation_names_its_key_columns_not_their_values(engine):
+    """A unique violation's DETAIL (`Key (user_id, content)=(u1, <the text>)`) is cut to the
+    key's columns; the constraint and table stay."""
+    add(engine, "u1", f"Keeps a parrot named {SECRET}")
+    execute(engine, "CREATE UNIQUE INDEX app_unique ON memories (user_id, content)")
+    with pytest.raises(sa.exc.IntegrityError) as refused, engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO memories (user_id, content) "
+                             "SELECT user_id, content FROM memories")  # fmt: skip
+    described = db.describe_error(refused.value)
+    assert SECRET in str(refused.value)  # the server did quote it
+    assert described.startswith("UniqueViolation: ") and SECRET not in described
+    for part in ('"app_unique"', "23505", "key (user_id, content)"):
+        assert part in described
+
+
+def test_a_check_violation_names_the_failing_rows_id(engine, settings):
+    """`Failing row contains (<id>, <user>, <content>, …)` is cut to the row's id."""
+    memory_id = add(engine, "u1", f"Keeps a parrot named {SECRET}", expires_at=days_ago(1))
+    execute(engine, "ALTER TABLE memories ADD CONSTRAINT app_rule"
+                    " CHECK (status <> 'deleted') NOT VALID")  # fmt: skip
+    from tests.store import run
+
+    with pytest.raises(RunFailed):
+        run(engine, settings)
+    (batch_error,) = execute(engine, "SELECT error FROM gc_run_batches").scalars()
+    assert f"failing row ({memory_id}, …)" in batch_error and "23514" in batch_error
+    assert SECRET not in batch_error
+
+
+def test_a_failed_sweep_keeps_no_row_value(engine, settings):
+    """A sweep whose batch the trigger refused: the request's error is as bare as the run's."""
+    guarded(engine)
+    request_id = request_sweep(engine, "u1")
+    daemon = Daemon(engine, settings, clock=lambda: NOW)
+    try:
+        with pytest.raises(RunFailed):
+            daemon.sweep_next()
+    finally:
+        daemon.close()
+    (error,) = execute(engine, "SELECT error FROM gc_sweep_requests WHERE id = :i",
+                       i=request_id).scalars()  # fmt: skip
+    assert "RaiseException" in error and SECRET not in error
