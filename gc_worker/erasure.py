@@ -390,4 +390,5 @@ def scrub(
         "gc_sweep_requests": len(
             conn.execute(q("erasure_scrub_sweep_errors"), {"whole_users": list(whole_users)}).all()
         ),
+        "errors": conn.execute(q("erasure_scrub_error_ids"), params).scalar_one() if ids else 0,
     }

@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from gc_worker import db
+from gc_worker import db, erasure
 from gc_worker.cli import main
 from gc_worker.daemon import Daemon
 from gc_worker.errors import RunFailed
 from gc_worker.sweeps import request_sweep
+from gc_worker.verify_erasure import verify
 from tests.store import NOW, add, days_ago, execute
 
 SECRET = "Quokkaberry"  # the distinctive fact: nowhere outside the memory row, ever
@@ -125,3 +126,25 @@ def test_a_failed_sweep_keeps_no_row_value(engine, settings):
     (error,) = execute(engine, "SELECT error FROM gc_sweep_requests WHERE id = :i",
                        i=request_id).scalars()  # fmt: skip
     assert "RaiseException" in error and SECRET not in error
+
+
+@pytest.mark.parametrize("target", ["memory", "user"])
+def test_forget_removes_the_erased_id_from_stored_errors(engine, settings, target):
+    """The failed batch's error names the memory; once it is forgotten (the hold lifted), the
+    error columns no longer do, and verify-erasure finds nothing."""
+    memory_id = guarded(engine)
+    request_sweep(engine, "u1")
+    daemon = Daemon(engine, settings, clock=lambda: NOW)
+    try:
+        with pytest.raises(RunFailed):
+            daemon.sweep_next()
+    finally:
+        daemon.close()
+    assert stored_errors(engine).count(str(memory_id)) >= 3  # batch, run, sweep request
+    execute(engine, "DROP TRIGGER app_guard ON memories")
+    named = {"memory_id": memory_id} if target == "memory" else {"user_id": "u1"}
+    erasure.forget(engine, settings, now=NOW, purge_now=True, **named)
+    errors = stored_errors(engine)
+    assert str(memory_id) not in errors and "an erased memory" in errors
+    assert "RaiseException" in errors  # the failure itself stays recorded
+    assert verify(engine, now=NOW, **named).residues == []

@@ -468,3 +468,41 @@ WHERE r.status = 'pending' AND r.user_id = :user_id
   AND (r.memory_id IS NULL OR NOT EXISTS (SELECT 1 FROM memories m WHERE m.id = r.memory_id))
 ORDER BY r.requested_at
 FOR UPDATE OF r
+
+-- erasure_scrub_error_ids --
+-- Erased memories' ids out of the stored errors (a failed run's, batch's, sweep request's: an
+-- application's RAISE naming the row, a CHECK's failing row): the failure stays recorded.
+WITH named AS (
+    SELECT 'gc_runs' AS tbl, CAST(id AS text) AS run, NULL::integer AS batch_no, error
+    FROM gc_runs WHERE error ~* '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}'
+    UNION ALL
+    SELECT 'gc_run_batches', CAST(run_id AS text), batch_no, error
+    FROM gc_run_batches
+    WHERE error ~* '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}'
+    UNION ALL
+    SELECT 'gc_sweep_requests', CAST(id AS text), NULL, error
+    FROM gc_sweep_requests
+    WHERE error ~* '[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}'
+), scrubbed AS (
+    SELECT n.tbl, n.run, n.batch_no,
+           regexp_replace(n.error, e.pattern, 'an erased memory', 'gi') AS error
+    FROM named n
+    CROSS JOIN LATERAL (
+        SELECT string_agg(DISTINCT m[1], '|') AS pattern
+        FROM regexp_matches(n.error, '([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})',
+                            'gi') AS m
+        WHERE lower(m[1]) = ANY(:id_texts)
+    ) e
+    WHERE e.pattern IS NOT NULL
+), runs AS (
+    UPDATE gc_runs r SET error = s.error FROM scrubbed s
+    WHERE s.tbl = 'gc_runs' AND r.id = CAST(s.run AS uuid) RETURNING 1
+), batches AS (
+    UPDATE gc_run_batches b SET error = s.error FROM scrubbed s
+    WHERE s.tbl = 'gc_run_batches' AND b.run_id = CAST(s.run AS uuid) AND b.batch_no = s.batch_no
+    RETURNING 1
+), sweeps AS (
+    UPDATE gc_sweep_requests w SET error = s.error FROM scrubbed s
+    WHERE s.tbl = 'gc_sweep_requests' AND w.id = CAST(s.run AS bigint) RETURNING 1
+)
+SELECT (SELECT count(*) FROM runs) + (SELECT count(*) FROM batches) + (SELECT count(*) FROM sweeps)
