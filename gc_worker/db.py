@@ -249,8 +249,10 @@ def describe_error(exc: BaseException) -> str:
     described from its diagnostics (``gc_worker.error_text``): the server's first line, its
     DETAIL and the statement can quote a row's values — a trigger's RAISE formatting
     NEW.content, a cast's input, "Failing row contains (…)" — which no erasure reaches there."""
-    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
-        return f"{type(exc.orig).__name__}: {server_message(exc.orig)}"
+    wrapped = isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None
+    error = exc.orig if wrapped else exc
+    if wrapped or isinstance(error, psycopg.Error):  # also raw: the audit's COPY is the driver's
+        return f"{type(error).__name__}: {server_message(error)}"
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -7,6 +7,7 @@ erased ids from those columns, so verify-erasure comes out clean."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -148,3 +149,21 @@ def test_forget_removes_the_erased_id_from_stored_errors(engine, settings, targe
     assert str(memory_id) not in errors and "an erased memory" in errors
     assert "RaiseException" in errors  # the failure itself stays recorded
     assert verify(engine, now=NOW, **named).residues == []
+
+
+def test_a_driver_error_outside_sqlalchemy_is_described_the_same(engine):
+    """The audit is written with the driver's own COPY, whose errors SQLAlchemy never wraps: a
+    raw psycopg error is described from its diagnostics too, not as its whole text (DETAIL and
+    CONTEXT quote the row)."""
+    add(engine, "u1", f"Keeps a parrot named {SECRET}")
+    execute(engine, "CREATE UNIQUE INDEX app_unique ON memories (user_id, content)")
+    with engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        with pytest.raises(psycopg.errors.UniqueViolation) as refused, driver.cursor() as cur:
+            cur.execute("INSERT INTO memories (user_id, content) "
+                        "SELECT user_id, content FROM memories")  # fmt: skip
+        conn.rollback()
+    described = db.describe_error(refused.value)
+    assert SECRET in str(refused.value)
+    assert described.startswith("UniqueViolation: ") and "23505" in described
+    assert SECRET not in described
