@@ -8,9 +8,10 @@ erasure could not follow it to:
 - the server's own message, with the values it quotes withheld where it quotes them: a data
   exception (class 22: ``invalid input syntax for type integer: "…"``, a metadata value cast in
   a CHECK) keeps only the quoted names the diagnostics name as identifiers, and no byte dump;
-- a message an application's code wrote (a trigger's ``RAISE``, whatever its SQLSTATE; any
-  procedural language but the worker's own ``memory_gc_*`` functions) is withheld whole: it is
-  the application's text and can quote ``NEW.content``. The function that raised it is named;
+- a message an application's code wrote (a trigger's ``RAISE`` or ``ASSERT``, whatever its
+  SQLSTATE; any other procedural language's function; not the worker's own ``memory_gc_*``) is
+  withheld whole: it is the application's text and can quote ``NEW.content``. The function
+  that raised it is named;
 - ``DETAIL`` is cut to what names rather than quotes: a unique or foreign key's columns
   (``key (user_id, content)``), a CHECK's failing row's leading id (``failing row (ID, …)``);
 - always the SQLSTATE, and the ids (UUIDs) a withheld message named: ids carry no content, and
@@ -67,7 +68,7 @@ def _raising_function(diag: Any) -> str | None:
     language, name, args, where = match.groups()
     if language == "SQL" or name.startswith(OWN_FUNCTION):
         return None  # a SQL function cannot RAISE; the worker's own never quote a row
-    if language == "PL/pgSQL" and not where.rstrip().endswith("at RAISE"):
+    if language == "PL/pgSQL" and not where.rstrip().endswith(("at RAISE", "at ASSERT")):
         return None  # the server's message about a statement inside the function
     table = f" on {diag.table_name}" if diag.table_name else ""
     return f"{name}{args or '()'}{table}"

@@ -21,12 +21,9 @@ from tests.store import NOW, add, days_ago, execute
 
 SECRET = "Quokkaberry"  # the distinctive fact: nowhere outside the memory row, ever
 
-GUARD = """
-CREATE FUNCTION app_guard() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'memory % (%) is under legal hold', NEW.id, NEW.content;
-END $$
-"""
+RAISE = "RAISE EXCEPTION 'memory % (%) is under legal hold', NEW.id, NEW.content"
+ASSERT = "ASSERT false, format('memory %s (%s) is under legal hold', NEW.id, NEW.content)"
+GUARD = "CREATE FUNCTION app_guard() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN {}; END $$"
 
 
 def stored_errors(engine: sa.Engine) -> str:
@@ -39,27 +36,33 @@ def stored_errors(engine: sa.Engine) -> str:
     return "\n".join(rows)
 
 
-def guarded(engine: sa.Engine) -> object:
+def guarded(engine: sa.Engine, body: str = RAISE) -> object:
     """A memory with a distinctive text that the worker will try to soft-delete, and an
     application trigger that refuses the update with a message quoting the row."""
     memory_id = add(engine, "u1", f"Keeps a parrot named {SECRET}", expires_at=days_ago(1))
-    execute(engine, GUARD)
+    execute(engine, GUARD.format(body))
     execute(engine, "CREATE TRIGGER app_guard BEFORE UPDATE ON memories"
                     " FOR EACH ROW EXECUTE FUNCTION app_guard()")  # fmt: skip
     return memory_id
 
 
-def test_a_triggers_message_quoting_the_row_is_not_kept(engine, settings, capsys, cli_env):
-    """The trigger's RAISE text quotes the content: the stored errors, the log lines and the
-    CLI's message keep the SQLSTATE, the function, the table and the memory id instead."""
-    memory_id = guarded(engine)
+@pytest.mark.parametrize(
+    ("body", "error", "state"),
+    [(RAISE, "RaiseException", "P0001"), (ASSERT, "AssertFailure", "P0004")],
+)
+def test_a_triggers_message_quoting_the_row_is_not_kept(
+    engine, settings, capsys, cli_env, body, error, state
+):
+    """The trigger's RAISE (or ASSERT) text quotes the content: the stored errors, the log
+    lines and the CLI's message keep the SQLSTATE, the function and the memory id instead."""
+    memory_id = guarded(engine, body)
     assert main(["run", "--now", NOW.isoformat()]) == 1
     captured = capsys.readouterr()
     errors = stored_errors(engine)
     (batch_error,) = execute(engine, "SELECT error FROM gc_run_batches").scalars()
-    for part in ("RaiseException", "P0001", "app_guard()", str(memory_id)):
+    for part in (error, state, "app_guard()", str(memory_id)):
         assert part in batch_error
-    assert "batch 0 (1 users): RaiseException" in errors
+    assert f"batch 0 (1 users): {error}" in errors
     assert SECRET not in errors + captured.out + captured.err
     assert "gc.batch_failed" in captured.err and "app_guard()" in captured.err
 
