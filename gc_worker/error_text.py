@@ -24,7 +24,7 @@ import re
 from typing import Any
 
 OWN_FUNCTION = "memory_gc_"
-MAX_IDS = 5
+MAX_IDS = 3  # a batch's error is cut at 300 characters: no id is cut in half
 QUOTED = re.compile(r'"((?:[^"]|"")*)"')
 BYTES = re.compile(r"0x[0-9a-fA-F]{2}(?: 0x[0-9a-fA-F]{2})*")
 UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -47,9 +47,7 @@ def server_message(error: Any) -> str:
     if frame is None:
         message = _server_text(primary, diag) if state.startswith("22") else primary
     else:
-        message = (
-            f"{frame} raised it; its message is withheld (an application's text can quote the row)"
-        )
+        message = f"{frame} raised it; its text is withheld (it can quote the row)"
         ids = list(dict.fromkeys(UUID_TEXT.findall(primary)))
         if ids:  # ids carry no content: which rows it was about
             notes.append(
