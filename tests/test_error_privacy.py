@@ -7,6 +7,8 @@ erased ids from those columns, so verify-erasure comes out clean."""
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 import sqlalchemy as sa
@@ -118,15 +120,20 @@ def test_a_check_violation_names_the_failing_rows_id(engine, settings):
 
 
 def test_a_failed_sweep_keeps_no_row_value(engine, settings):
-    """A sweep whose batch the trigger refused: the request's error is as bare as the run's."""
+    """A sweep whose batch the trigger refused: the request's error is as bare as the run's;
+    the daemon's metrics (no user label either) and /healthz body say nothing of the row."""
     guarded(engine)
     request_id = request_sweep(engine, "u1")
     daemon = Daemon(engine, settings, clock=lambda: NOW)
     try:
         with pytest.raises(RunFailed):
             daemon.sweep_next()
+        exposition = daemon.metrics.exposition().decode()
+        health = json.dumps(daemon.health()[1])
     finally:
         daemon.close()
+    assert 'memory_gc_sweep_requests_total{status="failed"} 1.0' in exposition
+    assert SECRET not in exposition + health and "u1" not in exposition
     (error,) = execute(engine, "SELECT error FROM gc_sweep_requests WHERE id = :i",
                        i=request_id).scalars()  # fmt: skip
     assert "RaiseException" in error and SECRET not in error
@@ -170,3 +177,26 @@ def test_a_driver_error_outside_sqlalchemy_is_described_the_same(engine):
     assert SECRET in str(refused.value)
     assert described.startswith("UniqueViolation: ") and "23505" in described
     assert SECRET not in described
+
+
+@pytest.mark.parametrize("behaviour", ["good", "garbage", "obey"])
+def test_llm_runs_log_no_memory_text(engine, capsys, behaviour):
+    """Merges, summaries, importance and contradiction checks, with a model that answers well,
+    answers garbage (rejections are logged with their reason) or obeys the memory text: at
+    debug level, no log line quotes a memory, a merged text or a summary."""
+    from gc_worker import logs
+    from tests.fake_model import FakeModel, fake_port
+    from tests.store import run
+    from tests.test_llm_outside_transaction import SETTINGS, seed
+
+    seed(engine)
+    execute(engine, "UPDATE memories SET content = content || ' near ' || :s", s=SECRET)
+    logs.configure("debug")
+    try:
+        with fake_port(engine, SETTINGS, FakeModel(behaviour, dim=8)) as llm:
+            run(engine, SETTINGS, llm=llm)
+        err = capsys.readouterr().err
+    finally:
+        logs.configure("info")
+    assert "gc.batch_committed" in err  # the lines were captured
+    assert SECRET not in err
