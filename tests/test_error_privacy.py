@@ -218,3 +218,27 @@ def test_the_embedded_servers_log_keeps_no_row(engine, settings, pg_server):
         run(engine, settings)
     log = Path(pg_server.log).read_text(errors="replace")
     assert marker not in log and "app_rule" not in log
+
+
+def test_a_purge_that_failed_on_an_erased_row_leaves_no_id_once_it_is_done(engine, settings):
+    """An erased memory's purge (after [erasure] retention_days) refused by an application's
+    DELETE trigger names it in the batch's error; the purge that succeeds later takes the id
+    out of the error columns, as the erasure did for earlier errors: verify-erasure is clean."""
+    from datetime import timedelta
+
+    from tests.store import run
+
+    memory_id = add(engine, "u1", f"Keeps a parrot named {SECRET}")
+    erasure.forget(engine, settings, now=NOW, memory_id=memory_id)
+    run(engine, settings)  # erased; purged after a day
+    execute(engine, GUARD.format(RAISE.replace("NEW.", "OLD.")).replace("app_guard", "app_hold"))
+    execute(engine, "CREATE TRIGGER app_hold BEFORE DELETE ON memories"
+                    " FOR EACH ROW EXECUTE FUNCTION app_hold()")  # fmt: skip
+    later = NOW + timedelta(days=2)
+    with pytest.raises(RunFailed):
+        run(engine, settings, now=later)
+    assert str(memory_id) in stored_errors(engine) and SECRET not in stored_errors(engine)
+    execute(engine, "DROP TRIGGER app_hold ON memories")
+    run(engine, settings, now=later)
+    assert str(memory_id) not in stored_errors(engine)
+    assert verify(engine, now=later, memory_id=memory_id).residues == []
