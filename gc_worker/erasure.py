@@ -358,7 +358,8 @@ def scrub(
     (the users whose rows were erased) whose text hashes to one of ``hashes`` (the new
     tombstones'), and their cached decisions about rows no longer stored. What any other user's
     rows recorded about an id no longer stored or erased goes too: the application moved the
-    memory, and the worker's tables kept it under each user it belonged to. Counts per table."""
+    memory, and the worker's tables kept it under each user it belonged to. Stored errors (of
+    runs, batches, sweep requests) lose the erased ids they named. Counts per table."""
     if not memory_ids and not whole_users:
         return {}
     ids = list(memory_ids)

@@ -57,8 +57,9 @@ def server_message(error: Any) -> str:
 
 
 def _raising_function(diag: Any) -> str | None:
-    """``app_guard() on memories`` when application code (not the server) wrote the message:
-    a RAISE in PL/pgSQL, or any other procedural language's function; None otherwise."""
+    """``app_guard()`` (``… on TABLE`` when the raise names one) when application code, not
+    the server, wrote the message: a PL/pgSQL RAISE or ASSERT, or any other procedural
+    language's function; None otherwise."""
     frames = (diag.context or "").splitlines()
     match = FUNCTION_FRAME.match(frames[0]) if frames else None
     if match is None:
