@@ -23,7 +23,7 @@ from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
 from gc_worker.claims import WORKER_ID, claimed
 from gc_worker.config import Settings
-from gc_worker.db import describe_error, transaction, translated_errors
+from gc_worker.db import describe_error, stored_error, transaction, translated_errors
 from gc_worker.errors import DatabaseUnavailable, PlanAbandoned
 from gc_worker.execute import execute
 from gc_worker.queries import q
@@ -124,9 +124,7 @@ def _scrub_erased_meanwhile(conn: Connection, actions: Sequence[Action]) -> None
 def _fail_batch(claim: Any, run: dict[str, Any], batch_no: int, exc: Exception) -> None:
     """Record a batch whose transaction rolled back (a job raised: a bug, a row it cannot
     handle) as failed, so that one bad user does not stop every user after it, every night."""
-    # kept with the run for good: type and first line, cut short (a job's message could quote
-    # a row, which no erasure would reach there)
-    error = (describe_error(exc).splitlines() or [""])[0][:300]
+    error = stored_error(exc)
     params = {"run_id": run["id"], "batch_no": batch_no, "error": error, "worker": WORKER_ID}
     claim.conn.execute(q("fail_batch"), params)
     log.error("gc.batch_failed", batch_no=batch_no, error=error)

@@ -271,6 +271,13 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def stored_error(exc: BaseException) -> str:
+    """What is kept with a run, batch or request for good: ``describe_error``'s first line, cut
+    to 300 characters (a job's or library's own message could quote a row, which no erasure
+    reaches there)."""
+    return (describe_error(exc).splitlines() or [""])[0][:300]
+
+
 def _is_conflict(error: BaseException | None) -> bool:
     """Deadlock, serialization failure (SQLSTATE class 40) or lock timeout (55P03): the
     transaction was rolled back because of another writer, and can simply be run again."""

@@ -25,7 +25,7 @@ from gc_worker import claims, erasure
 from gc_worker.batch_run import process_next_batch
 from gc_worker.claims import participating
 from gc_worker.config import Settings
-from gc_worker.db import describe_error, retrying, transaction, translated_errors
+from gc_worker.db import describe_error, retrying, stored_error, transaction, translated_errors
 from gc_worker.errors import DatabaseUnavailable, RunFailed, WriteConflict
 from gc_worker.queries import q
 from gc_worker.run_record import RESUMED_TRIGGERS, load_run, pending_batches
@@ -274,13 +274,13 @@ def _fail(engine: Engine, run_id: UUID, exc: Exception, *, trigger: str) -> None
     if lost and trigger in RESUMED_TRIGGERS:
         log.error("gc.run_left_resumable", run_id=str(run_id), error=describe_error(exc))
         return
+    error = stored_error(exc)
     with transaction(engine) as conn:
         own = claims.own_participation_pids(run_id)
         failed = conn.execute(
-            q("fail_run_if_alone"),
-            {"run_id": run_id, "error": describe_error(exc), "own_pids": own},
+            q("fail_run_if_alone"), {"run_id": run_id, "error": error, "own_pids": own}
         ).first()
     if failed is None:
-        log.error("gc.run_left_to_others", run_id=str(run_id), error=describe_error(exc))
+        log.error("gc.run_left_to_others", run_id=str(run_id), error=error)
         return
-    log.error("gc.run_failed", run_id=str(run_id), error=describe_error(exc))
+    log.error("gc.run_failed", run_id=str(run_id), error=error)

@@ -89,3 +89,27 @@ def test_replica_whose_own_session_died_does_not_fail_the_shared_run(engine, mon
         assert st == "running", f"run marked {st!r} while replica B still works it: {err}"
     finally:
         b.close()
+
+
+def test_a_failed_runs_error_keeps_one_short_line(engine, monkeypatch):  # noqa: F811
+    """The run's error is kept for good, where no erasure reaches: like a failed batch's, it is
+    the error's first line, cut to 300 characters — a library's message quoting a row below
+    its first line, or a very long one, is not stored whole."""
+    seed(engine, [r for u in USERS for r in lifecycle_rows(u)])
+    plan = gc_engine.run_once(
+        engine, BATCHED, RunRequest(mode="dry_run", now=NOW, jobs=resolve_jobs([], BATCHED))
+    )
+
+    def conflict(*a, **k):
+        raise WriteConflict("deadlock detected " + "x" * 400 + "\nrow: Allergic to peanuts")
+
+    monkeypatch.setattr(batch_run, "_commit_batch", conflict)
+    with pytest.raises(DatabaseUnavailable):
+        gc_engine.apply_plan(engine, plan)
+    with engine.connect() as conn:
+        apply_id = conn.execute(
+            sa.text("SELECT applied_by FROM gc_runs WHERE id = :i"), {"i": plan}
+        ).scalar_one()
+    st, err = status(engine, apply_id)
+    assert st == "failed" and err.startswith("WriteConflict: deadlock detected")
+    assert "peanuts" not in err and len(err) == 300
