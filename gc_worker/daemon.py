@@ -245,7 +245,9 @@ class Daemon:
         return resumed
 
     def sweep_next(self) -> bool:
-        """Serve the oldest on-demand sweep request; False when the queue is empty."""
+        """Serve the oldest on-demand sweep request; False when the queue is empty. A sweep that
+        failed counts as a failure of this unit and is still True: the requests after it are
+        served now, not at the next poll (or, for ``--once-due``, the next pass)."""
         claim = sweeps.claim_sweep(
             self.engine, worker=self.worker_id, lease_seconds=self.settings.run.lease_seconds
         )
@@ -254,6 +256,8 @@ class Daemon:
         structlog.contextvars.bind_contextvars(sweep_id=claim.id, user_id=claim.user_id)
         try:
             self._serve_sweep(claim)
+        except Exception as exc:  # closed failed, or handed back: not claimable again at once
+            self._unit_failed("sweep_next", exc)
         finally:
             structlog.contextvars.unbind_contextvars("sweep_id", "user_id")
         return True
@@ -457,10 +461,13 @@ class Daemon:
         try:
             return unit()
         except Exception as exc:
-            self.failures += 1
-            self.metrics.unit_failures.labels(unit.__name__).inc()
-            log.error("gc.daemon.unit_failed", unit=unit.__name__, error=describe_error(exc))
+            self._unit_failed(unit.__name__, exc)
             return None
+
+    def _unit_failed(self, unit: str, exc: Exception) -> None:
+        self.failures += 1
+        self.metrics.unit_failures.labels(unit).inc()
+        log.error("gc.daemon.unit_failed", unit=unit, error=describe_error(exc))
 
     def _due_slot(self) -> datetime | None:
         return scheduler.due_slot(
