@@ -392,7 +392,10 @@ class Daemon:
             self._sweep_failed(claim.id, str(exc))
             return
         except Exception as exc:
-            self._sweep_failed(claim.id, describe_error(exc))
+            if sweeps.lost_the_database(exc) and claim.attempts < sweeps.MAX_ATTEMPTS:
+                sweeps.release_sweep(self.engine, claim.id, worker=WORKER_ID, attempt_counts=True)
+            else:
+                self._sweep_failed(claim.id, describe_error(exc))
             raise
         with self.engine.connect() as conn:
             status = load_run(conn, run_id)["status"]

@@ -13,7 +13,8 @@ A daemon claims the oldest pending request with ``FOR UPDATE SKIP LOCKED``. A cl
 after that whose run no daemon takes part in (its daemon died) is claimed again, and the new
 claimer joins the request's run instead of starting another. A live daemon is never taken over,
 however long its sweep, and only the holder closes a request. A stopping daemon hands its
-request back (``pending``) at once.
+request back (``pending``) at once; so does one that lost the database mid-sweep, the attempt
+counted (``release_sweep``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import structlog
 from sqlalchemy.engine import Engine
 
 from gc_worker.db import describe_error, transaction
-from gc_worker.errors import NotFoundError
+from gc_worker.errors import DatabaseUnavailable, NotFoundError, WriteConflict
 from gc_worker.queries import q
 
 log = structlog.get_logger("memory_gc")
@@ -129,10 +130,26 @@ def fail_abandoned_run(engine: Engine, run_id: UUID, *, error: str) -> bool:
     return failed
 
 
-def release_sweep(engine: Engine, request_id: int, *, worker: str) -> None:
+def release_sweep(
+    engine: Engine, request_id: int, *, worker: str, attempt_counts: bool = False
+) -> None:
+    """Hand a request ``worker`` holds back to the queue (``pending``, its run kept). A stop
+    gives its attempt back; a lost database (``attempt_counts``) does not."""
+    params = {"id": request_id, "worker": worker, "refund": 0 if attempt_counts else 1}
     with transaction(engine) as conn:
-        conn.execute(q("release_sweep_request"), {"id": request_id, "worker": worker})
-    log.info("gc.sweep.released", request_id=request_id)
+        conn.execute(q("release_sweep_request"), params)
+    log.info("gc.sweep.released", request_id=request_id, attempt_counts=attempt_counts)
+
+
+def lost_the_database(exc: BaseException) -> bool:
+    """The sweep's connection went away (a restart, a failover): a blip another attempt gets
+    past, not something of the user's data, nor an error the server answered with (it would come
+    back), nor a conflict (retried inside the run already). Its batch rolled back whole."""
+    return (
+        isinstance(exc, DatabaseUnavailable)
+        and not isinstance(exc, WriteConflict)
+        and exc.connection_lost
+    )
 
 
 def get_sweep(engine: Engine, request_id: int) -> dict[str, Any] | None:

@@ -8,10 +8,13 @@ from contextlib import closing
 from uuid import UUID
 
 import jobs.ttl_expiry as ttl
-from gc_worker import sweeps
+from gc_worker import batch_run, sweeps
 from gc_worker.daemon import Daemon
+from gc_worker.errors import DatabaseUnavailable
 from tests.store import execute, status
 from tests.test_schedule_sweeps import NOON, expired, request_row
+
+LOST = "connection lost: terminating connection due to administrator command (57P01)"
 
 
 def failing_for(monkeypatch, user: str) -> None:
@@ -24,6 +27,20 @@ def failing_for(monkeypatch, user: str) -> None:
         return real(ctx)
 
     monkeypatch.setattr(ttl, "plan", plan)
+
+
+def losing_the_database(monkeypatch, times: int) -> list[int]:
+    """The first ``times`` batch commits lose the connection (a server restart, a failover)."""
+    real, lost = batch_run._commit_batch, []
+
+    def commit(*args, **kwargs):
+        if len(lost) < times:
+            lost.append(1)
+            raise DatabaseUnavailable(LOST)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batch_run, "_commit_batch", commit)
+    return lost
 
 
 def run_of(engine, run_id: UUID):
@@ -59,3 +76,54 @@ class TestAFailedSweepDoesNotHoldUpTheQueue:
             assert daemon._sweep_step() is True
             assert daemon.failures == 1
             assert daemon._sweep_step() is False  # the failed request is not taken again
+
+
+class TestALostDatabaseGivesTheSweepBack:
+    def test_a_restart_mid_sweep_hands_the_request_back_and_it_is_done(
+        self, engine, settings, monkeypatch
+    ):
+        """A database restart during the sweep's batch (rolled back whole) failed the request
+        for good, as if the user's data were the trouble: the application had to ask again.
+        It goes back to the queue, keeping its attempt, and the next claim sweeps the user."""
+        alice = expired(engine, "alice")
+        losing_the_database(monkeypatch, times=1)
+        request_id = sweeps.request_sweep(engine, "alice")
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            assert daemon.attempt(daemon.sweep_next) is True
+            row = request_row(engine, request_id)
+            assert (row["status"], row["claimed_by"], row["error"]) == ("pending", None, None)
+            assert status(engine, alice) == "active"  # nothing of the lost batch was applied
+            assert daemon.sweep_next() is True
+            assert daemon.metrics.sweeps.labels("failed")._value.get() == 0
+        row = request_row(engine, request_id)
+        assert (row["status"], row["attempts"]) == ("done", 2)
+        assert status(engine, alice) == "deleted"
+
+    def test_a_sweep_that_always_loses_the_database_fails_after_the_attempts(
+        self, engine, settings, monkeypatch
+    ):
+        """A sweep whose batch brings the server down every time is not retried for ever: after
+        MAX_ATTEMPTS it fails, with the error of the last attempt."""
+        alice = expired(engine, "alice")
+        lost = losing_the_database(monkeypatch, times=100)
+        request_id = sweeps.request_sweep(engine, "alice")
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            assert daemon.run_once() == sweeps.MAX_ATTEMPTS
+        row = request_row(engine, request_id)
+        assert (row["status"], row["attempts"]) == ("failed", sweeps.MAX_ATTEMPTS)
+        assert "connection lost" in row["error"] and len(lost) == sweeps.MAX_ATTEMPTS
+        assert status(engine, alice) == "active"
+
+    def test_an_error_the_server_answered_still_fails_the_request(
+        self, engine, settings, monkeypatch
+    ):
+        """Only a lost connection is given back: an error that would come back fails at once."""
+        expired(engine, "alice")
+        failing_for(monkeypatch, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            daemon.run_once()
+        assert (
+            request_row(engine, request_id)["status"],
+            request_row(engine, request_id)["attempts"],
+        ) == ("failed", 1)

@@ -233,10 +233,12 @@ UPDATE gc_sweep_requests SET claimed_at = clock_timestamp()
 WHERE id = :id AND status = 'running' AND claimed_by = :worker
 
 -- release_sweep_request --
--- Hand a request back to the queue (this daemon is stopping); its run, if any, is kept.
+-- Hand a request back to the queue; its run, if any, is kept. A stopping daemon's claim is not
+-- an attempt (:refund 1); one that lost the database mid-sweep keeps it counted (:refund 0),
+-- so a sweep that brings the server down every time fails after MAX_ATTEMPTS.
 UPDATE gc_sweep_requests
 SET status = 'pending', claimed_at = NULL, claimed_by = NULL,
-    attempts = greatest(attempts - 1, 0)
+    attempts = greatest(attempts - CAST(:refund AS integer), 0)
 WHERE id = :id AND status = 'running' AND claimed_by = :worker
 
 -- get_sweep_request --
