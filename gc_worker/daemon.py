@@ -223,7 +223,11 @@ class Daemon:
         One nightly run at a time per daemon: while this daemon's nightly work is under way,
         orphans wait for a later upkeep. A run now too old (the apply of a plan `apply` would
         refuse, a run whose instant is as far behind) or made with settings this version
-        refuses is closed, not finished (scheduler.close_unresumable)."""
+        refuses is closed, not finished (scheduler.close_unresumable). First, sweep runs a dying
+        daemon created but never recorded on their request are closed (sweeps)."""
+        lease = self.settings.run.lease_seconds
+        for run_id in sweeps.close_unrecorded_runs(self.engine, lease_seconds=lease):
+            self._count(self.metrics.run_finished, run_id)
         if not self._nightly.acquire(blocking=False):
             return []
         try:

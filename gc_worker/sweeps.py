@@ -111,15 +111,26 @@ class Lease:
                         error=describe_error(exc))  # fmt: skip
 
 
-def fail_abandoned_run(engine: Engine, run_id: UUID, *, error: str) -> bool:
+UNRECORDED = (
+    "no sweep request names it: its daemon stopped (died, or lost the database) between "
+    "creating it and recording it on the request, whose next claim swept with another run; "
+    "nothing of it was applied"
+)
+
+
+def fail_abandoned_run(
+    engine: Engine, run_id: UUID, *, error: str, query: str = "fail_run"
+) -> bool:
     """Fail the run of a request given up after MAX_ATTEMPTS, unless a worker still takes part
-    in it: nothing resumes a sweep run, so it would stay ``running`` for ever. True if failed."""
+    in it: nothing resumes a sweep run, so it would stay ``running`` for ever. True if failed.
+    ``query``: the UPDATE that fails it (``fail_unrecorded_sweep_run`` checks it is still
+    nobody's request's)."""
     with engine.connect() as conn:
         if not conn.execute(q("try_run_exclusive"), {"run_id": run_id}).scalar():
             conn.commit()
             return False
         try:
-            failed = conn.execute(q("fail_run"), {"run_id": run_id, "error": error}).rowcount > 0
+            failed = conn.execute(q(query), {"run_id": run_id, "error": error}).rowcount > 0
             conn.commit()
         finally:
             conn.rollback()  # a no-op, or after a failed statement lets the unlock run
@@ -128,6 +139,19 @@ def fail_abandoned_run(engine: Engine, run_id: UUID, *, error: str) -> bool:
     if failed:
         log.info("gc.sweep.run_failed", run_id=str(run_id), error=error)
     return failed
+
+
+def close_unrecorded_runs(engine: Engine, *, lease_seconds: float) -> list[UUID]:
+    """Fail the sweep runs no open request names, started more than a lease ago, that nobody
+    works (``unrecorded_sweep_runs``): nothing else would ever close them. Returns them."""
+    with engine.connect() as conn:
+        found = conn.execute(q("unrecorded_sweep_runs"), {"lease": lease_seconds}).scalars()
+        candidates = list(found)
+    return [
+        run_id
+        for run_id in candidates
+        if fail_abandoned_run(engine, run_id, error=UNRECORDED, query="fail_unrecorded_sweep_run")
+    ]
 
 
 def release_sweep(

@@ -7,9 +7,13 @@ from __future__ import annotations
 from contextlib import closing
 from uuid import UUID
 
+import pytest
+
 import jobs.ttl_expiry as ttl
 from gc_worker import batch_run, sweeps
-from gc_worker.daemon import Daemon
+from gc_worker.claims import participating
+from gc_worker.daemon import SWEEP_TRIGGER, Daemon
+from gc_worker.engine import RunRequest, resolve_jobs, start_run
 from gc_worker.errors import DatabaseUnavailable
 from tests.store import execute, status
 from tests.test_schedule_sweeps import NOON, expired, request_row
@@ -127,3 +131,80 @@ class TestALostDatabaseGivesTheSweepBack:
             request_row(engine, request_id)["status"],
             request_row(engine, request_id)["attempts"],
         ) == ("failed", 1)
+
+
+def unrecorded_run(engine, settings, user: str, *, age_seconds: float) -> UUID:
+    """The run a daemon created for a sweep of ``user`` before it died, ``age_seconds`` ago,
+    without having recorded it on the request (start_run and attach_run are two commits)."""
+    request = RunRequest(
+        mode="apply", now=NOON, users=(user,), jobs=resolve_jobs([], settings),
+        trigger=SWEEP_TRIGGER,
+    )  # fmt: skip
+    run_id = start_run(engine, settings, request)
+    execute(engine, "UPDATE gc_runs SET started_at = started_at - make_interval(secs => :age)"
+            " WHERE id = :r", age=age_seconds, r=run_id)  # fmt: skip
+    return run_id
+
+
+class TestARunNoRequestNamesIsClosed:
+    def test_a_run_whose_daemon_died_before_recording_it_is_failed(self, engine, settings):
+        """A daemon that died (or lost the database) between creating its sweep's run and
+        recording it on the request left that run `running` for ever (`memory-gc runs`: stopped;
+        nothing resumes a sweep run), while the retry swept with a second run. The upkeep now
+        closes it as failed, saying why; the run that did the sweep is untouched."""
+        alice = expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        assert sweeps.claim_sweep(engine, worker="dead:1", lease_seconds=300) is not None
+        lost = unrecorded_run(engine, settings, "alice", age_seconds=301)
+        execute(engine, "UPDATE gc_sweep_requests SET claimed_at = claimed_at"
+                " - interval '301 seconds' WHERE id = :id", id=request_id)  # fmt: skip
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            assert daemon.sweep_next() is True
+            done = request_row(engine, request_id)
+            assert done["status"] == "done" and done["run_id"] != lost
+            daemon.upkeep()
+            assert daemon.failures == 0
+        closed = run_of(engine, lost)
+        assert closed.status == "failed" and "no sweep request names it" in closed.error
+        assert run_of(engine, done["run_id"]).status == "completed"
+        assert status(engine, alice) == "deleted"
+
+    def test_a_recorded_run_a_fresh_one_or_one_being_worked_is_left_alone(self, engine, settings):
+        """Only a run no open request names, older than a lease, that nobody works is closed: a
+        run just created (its request is about to name it), one a request handed back names,
+        one a daemon works."""
+        expired(engine, "alice")
+        fresh = unrecorded_run(engine, settings, "alice", age_seconds=10)
+        worked = unrecorded_run(engine, settings, "alice", age_seconds=301)
+        request_id = sweeps.request_sweep(engine, "alice")
+        named = unrecorded_run(engine, settings, "alice", age_seconds=301)
+        sweeps.attach_run(engine, request_id, named)  # a stopped daemon handed it back with it
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            with participating(engine, worked):
+                daemon.upkeep()
+            assert daemon.failures == 0
+        for run_id in (fresh, worked, named):
+            assert run_of(engine, run_id).status == "running"
+
+    @pytest.mark.parametrize("lost", [True, False], ids=["connection-lost", "other-error"])
+    def test_a_run_not_recorded_because_the_database_blinked(
+        self, engine, settings, monkeypatch, lost
+    ):
+        """Recording the run failed (the database blinked after the run's commit): the request
+        goes back (a lost connection) or fails, and the run is closed by a later upkeep."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        real = sweeps.attach_run
+
+        def blink(*args, **kwargs):
+            raise DatabaseUnavailable(LOST) if lost else RuntimeError("a bug")
+
+        monkeypatch.setattr(sweeps, "attach_run", blink)
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            assert daemon.attempt(daemon.sweep_next) is True
+            assert request_row(engine, request_id)["status"] == ("pending" if lost else "failed")
+            monkeypatch.setattr(sweeps, "attach_run", real)
+            (orphan,) = execute(engine, "SELECT id FROM gc_runs").scalars().all()
+            execute(engine, "UPDATE gc_runs SET started_at = started_at - interval '1 hour'")
+            daemon.upkeep()
+        assert run_of(engine, orphan).status == "failed"

@@ -241,6 +241,25 @@ SET status = 'pending', claimed_at = NULL, claimed_by = NULL,
     attempts = greatest(attempts - CAST(:refund AS integer), 0)
 WHERE id = :id AND status = 'running' AND claimed_by = :worker
 
+-- unrecorded_sweep_runs --
+-- Sweep runs still running that no open request names, started more than a lease ago: their
+-- daemon died (or lost the database) between creating the run and recording it on the request
+-- (two commits), and the request's next claimer swept with a run of its own. Nothing of them
+-- was worked: a sweep's run is worked only once recorded.
+SELECT r.id FROM gc_runs r
+WHERE r.status = 'running' AND r.trigger = 'sweep'
+  AND r.started_at < clock_timestamp() - make_interval(secs => :lease)
+  AND NOT EXISTS (SELECT FROM gc_sweep_requests s
+                  WHERE s.run_id = r.id AND s.status IN ('pending', 'running'))
+ORDER BY r.started_at
+
+-- fail_unrecorded_sweep_run --
+-- fail_run for one of unrecorded_sweep_runs, unless a request came to name it meanwhile.
+UPDATE gc_runs r SET status = 'failed', finished_at = clock_timestamp(), error = :error
+WHERE r.id = :run_id AND r.status = 'running'
+  AND NOT EXISTS (SELECT FROM gc_sweep_requests s
+                  WHERE s.run_id = r.id AND s.status IN ('pending', 'running'))
+
 -- get_sweep_request --
 -- One request.
 SELECT * FROM gc_sweep_requests WHERE id = :id
