@@ -392,8 +392,10 @@ class Daemon:
         try:
             run_id = self._sweep_run(claim)
             done = self.work(run_id, on_progress=progressed)
-        except NotFoundError as exc:
-            self._sweep_failed(claim.id, str(exc))
+        except NotFoundError as exc:  # the user has no memories (any more)
+            self._sweep_failed(
+                claim.id, sweeps.unknown_user_error(self.engine, claim.user_id, str(exc))
+            )
             return
         except Exception as exc:
             if sweeps.lost_the_database(exc) and claim.attempts < sweeps.MAX_ATTEMPTS:

@@ -49,17 +49,42 @@ class SweepClaim:
     attempts: int
 
 
+# The error of a forgotten user's sweep: the text the erasure's scrub leaves (sql/erasure.sql,
+# erasure_scrub_sweep_errors), which its erasure_user_traces does not take for a trace.
+ERASED = "removed by erasure"
+
+
 def request_sweep(
     engine: Engine, user_id: str, *, dry_run: bool = False, requested_by: str = "cli"
 ) -> int:
     """Queue a sweep of one user; unknown users are refused (NotFoundError, exit 2)."""
     with transaction(engine) as conn:
         if not conn.execute(q("known_users"), {"users": [user_id]}).first():
+            forgotten = _erasure_of(conn, user_id)
+            if forgotten is not None:
+                raise NotFoundError(
+                    f"no memories for user {user_id!r}: erasure request {forgotten} forgot them "
+                    "(`memory-gc forget-user`); there is nothing to sweep"
+                )
             raise NotFoundError(f"no memories for user {user_id!r}; check the id")
         params = {"user_id": user_id, "dry_run": dry_run, "requested_by": requested_by}
         request_id = conn.execute(q("insert_sweep_request"), params).scalar_one()
     log.info("gc.sweep.requested", request_id=request_id, user_id=user_id, dry_run=dry_run)
     return int(request_id)
+
+
+def unknown_user_error(engine: Engine, user_id: str, error: str) -> str:
+    """What a request whose user has no memories records: ERASED when a completed forget-user
+    erased them (the sweep was queued before it, or by an application since), so that the
+    erasure's promise holds — nothing but ids kept about the user — else ``error``."""
+    with engine.connect() as conn:
+        return ERASED if _erasure_of(conn, user_id) is not None else error
+
+
+def _erasure_of(conn: Any, user_id: str) -> UUID | None:
+    """The completed forget-user request of ``user_id``, if any."""
+    params = {"user_id": user_id, "memory_id": None}
+    return conn.execute(q("erasure_completed_for"), params).scalar()
 
 
 def claim_sweep(engine: Engine, *, worker: str, lease_seconds: float) -> SweepClaim | None:

@@ -10,7 +10,7 @@ from uuid import UUID
 import pytest
 
 import jobs.ttl_expiry as ttl
-from gc_worker import batch_run, sweeps
+from gc_worker import batch_run, cli, erasure, sweeps
 from gc_worker.claims import participating
 from gc_worker.daemon import SWEEP_TRIGGER, Daemon
 from gc_worker.engine import RunRequest, resolve_jobs, start_run
@@ -208,3 +208,33 @@ class TestARunNoRequestNamesIsClosed:
             execute(engine, "UPDATE gc_runs SET started_at = started_at - interval '1 hour'")
             daemon.upkeep()
         assert run_of(engine, orphan).status == "failed"
+
+
+class TestASweepOfAForgottenUser:
+    def test_a_sweep_left_pending_by_forget_user_keeps_no_trace(self, engine, settings, capsys):
+        """`forget-user alice --purge-now` with alice's sweep still queued: the sweep then
+        failed with "no memories for user(s) 'alice'; check the id", an error text the erasure
+        had promised to clear (and told the operator to check a right id). The erasure's
+        `erasure_user_traces` saw it as something kept about alice: a second `forget-user alice`
+        filed a new request instead of answering with the completed one."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        forgotten, _ = erasure.forget(engine, settings, now=NOON, user_id="alice", purge_now=True)
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            assert daemon.sweep_next() is True
+        row = request_row(engine, request_id)
+        assert (row["status"], row["error"]) == ("failed", "removed by erasure")
+        again, run_id = erasure.forget(engine, settings, now=NOON, user_id="alice")
+        assert (again.id, again.created, run_id) == (forgotten.id, False, None)
+
+    def test_request_sweep_of_a_forgotten_user_says_so(self, engine, settings, cli_env, capsys):
+        """`memory-gc request-sweep` of a forgotten user exits 2 naming the erasure, not "check
+        the id"; an id never seen still says to check it."""
+        expired(engine, "alice")
+        forgotten, _ = erasure.forget(engine, settings, now=NOON, user_id="alice", purge_now=True)
+        assert cli.main(["request-sweep", "alice"]) == 2
+        err = capsys.readouterr().err
+        assert f"erasure request {forgotten.id}" in err and "check the id" not in err
+        assert cli.main(["request-sweep", "alicia"]) == 2
+        assert "no memories for user 'alicia'; check the id" in capsys.readouterr().err
+        assert execute(engine, "SELECT count(*) FROM gc_sweep_requests").scalar() == 0
