@@ -4,7 +4,8 @@
     runs until SIGTERM / SIGINT (then finishes the current batch and exits 0); with
     ``--once-due`` it does what is due now and exits (1 if some unit of work failed).
 ``memory-gc request-sweep USER_ID [--dry-run]``
-    queues an on-demand sweep of one user for the daemon; prints the request id.
+    queues an on-demand sweep of one user for the daemon; prints the request id (that of a
+    request of the user still waiting for a daemon, if there is one).
 ``memory-gc reject RUN_ID``
     plan_then_apply: a completed nightly plan not yet applied will never be applied.
 """
@@ -144,11 +145,12 @@ def _metrics_server(args: argparse.Namespace, daemon: Any) -> Any:
 
 
 def cmd_request_sweep(args: argparse.Namespace, ctx: Context) -> int:
-    from gc_worker.sweeps import request_sweep
+    from gc_worker.sweeps import queue_sweep
 
-    request_id = request_sweep(ctx.engine(), args.user_id, dry_run=args.dry_run)
+    request_id, created = queue_sweep(ctx.engine(), args.user_id, dry_run=args.dry_run)
     kind = "dry-run sweep" if args.dry_run else "sweep"
-    print(f"{kind} request {request_id} queued for user {args.user_id}; "
+    state = "queued" if created else "already pending"  # it sweeps what is there when taken
+    print(f"{kind} request {request_id} {state} for user {args.user_id}; "
           "a running `memory-gc schedule` picks it up within seconds")  # fmt: skip
     return 0
 

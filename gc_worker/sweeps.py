@@ -57,7 +57,16 @@ ERASED = "removed by erasure"
 def request_sweep(
     engine: Engine, user_id: str, *, dry_run: bool = False, requested_by: str = "cli"
 ) -> int:
-    """Queue a sweep of one user; unknown users are refused (NotFoundError, exit 2)."""
+    """Queue a sweep of one user (``queue_sweep``); the request's id."""
+    return queue_sweep(engine, user_id, dry_run=dry_run, requested_by=requested_by)[0]
+
+
+def queue_sweep(
+    engine: Engine, user_id: str, *, dry_run: bool = False, requested_by: str = "cli"
+) -> tuple[int, bool]:
+    """Queue a sweep of one user: (id, True); unknown users are refused (NotFoundError, exit 2).
+    A request of the same user and kind that no daemon has taken yet answers instead: (its id,
+    False) — it sweeps what is there when it is claimed, after this request."""
     with transaction(engine) as conn:
         if not conn.execute(q("known_users"), {"users": [user_id]}).first():
             forgotten = _erasure_of(conn, user_id)
@@ -67,10 +76,15 @@ def request_sweep(
                     "(`memory-gc forget-user`); there is nothing to sweep"
                 )
             raise NotFoundError(f"no memories for user {user_id!r}; check the id")
+        pending = conn.execute(q("pending_sweep_of"), {"user_id": user_id, "dry_run": dry_run})
+        request_id = pending.scalar()
+        if request_id is not None:
+            log.info("gc.sweep.already_pending", request_id=request_id, user_id=user_id)
+            return int(request_id), False
         params = {"user_id": user_id, "dry_run": dry_run, "requested_by": requested_by}
         request_id = conn.execute(q("insert_sweep_request"), params).scalar_one()
     log.info("gc.sweep.requested", request_id=request_id, user_id=user_id, dry_run=dry_run)
-    return int(request_id)
+    return int(request_id), True
 
 
 def unknown_user_error(engine: Engine, user_id: str, error: str) -> str:

@@ -238,3 +238,40 @@ class TestASweepOfAForgottenUser:
         assert cli.main(["request-sweep", "alicia"]) == 2
         assert "no memories for user 'alicia'; check the id" in capsys.readouterr().err
         assert execute(engine, "SELECT count(*) FROM gc_sweep_requests").scalar() == 0
+
+
+class TestASecondRequestWhileOneIsPending:
+    def test_it_answers_with_the_pending_request(self, engine, settings, cli_env, capsys):
+        """`request-sweep alice` twice before a daemon took the first queued two requests, and
+        the second swept again what the first had just swept (another run, the model asked
+        again). A pending request sweeps what is there when it is claimed, so the second is
+        answered with it; a dry run and a sweep are not the same request."""
+        alice = expired(engine, "alice")
+        assert cli.main(["request-sweep", "alice"]) == 0
+        assert "sweep request 1 queued for user alice" in capsys.readouterr().out
+        assert cli.main(["request-sweep", "alice"]) == 0
+        assert "sweep request 1 already pending for user alice" in capsys.readouterr().out
+        assert cli.main(["request-sweep", "alice", "--dry-run"]) == 0
+        assert "dry-run sweep request 2 queued" in capsys.readouterr().out
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            while daemon.sweep_next():
+                pass
+        assert execute(engine, "SELECT count(*) FROM gc_sweep_requests").scalar() == 2
+        assert execute(engine, "SELECT count(*) FROM gc_runs").scalar() == 2
+        assert status(engine, alice) == "deleted"
+
+    def test_a_request_claimed_or_handed_back_is_not_joined(self, engine, settings):
+        """A request already claimed, or handed back with its run (whose instant is that of its
+        first claim, before this request), does not answer for a new one."""
+        expired(engine, "alice")
+        handed_back = sweeps.request_sweep(engine, "alice")
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as stopped:
+            stopped.request_stop()
+            stopped.sweep_next()
+        assert request_row(engine, handed_back)["run_id"] is not None
+        second = sweeps.request_sweep(engine, "alice")
+        assert second != handed_back
+        assert sweeps.claim_sweep(engine, worker="other:1", lease_seconds=300).id == handed_back
+        assert sweeps.request_sweep(engine, "alice") == second
+        assert sweeps.claim_sweep(engine, worker="other:1", lease_seconds=300).id == second
+        assert sweeps.request_sweep(engine, "alice") not in (handed_back, second)

@@ -193,6 +193,15 @@ INSERT INTO gc_sweep_requests (user_id, dry_run, requested_by)
 VALUES (:user_id, :dry_run, :requested_by)
 RETURNING id
 
+-- pending_sweep_of --
+-- A request of this user and kind no daemon has taken yet: it sweeps what is there when it is
+-- claimed, so it answers for a new one. Not one handed back with its run, whose instant is
+-- that of its first claim.
+SELECT id FROM gc_sweep_requests
+WHERE user_id = :user_id AND dry_run = :dry_run AND status = 'pending' AND run_id IS NULL
+ORDER BY requested_at, id
+LIMIT 1
+
 -- claim_sweep_request --
 -- Take the oldest pending request, or one whose claim outlived the lease and whose run no
 -- daemon takes part in (its daemon died: a live one holds the run's lock_run_shared, read
