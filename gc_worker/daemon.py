@@ -378,7 +378,9 @@ class Daemon:
         self.last_progress = time.monotonic()
 
     def _serve_sweep(self, claim: sweeps.SweepClaim) -> None:
-        if claim.attempts > sweeps.MAX_ATTEMPTS:
+        if claim.attempts > sweeps.MAX_ATTEMPTS and not sweeps.run_completed(
+            self.engine, claim.run_id
+        ):  # (a holder that completed the run, then died, did the sweep: closed done below)
             self._give_up(claim)
             return
         lease = sweeps.Lease(

@@ -109,6 +109,14 @@ def claim_sweep(engine: Engine, *, worker: str, lease_seconds: float) -> SweepCl
     return None if row is None else SweepClaim(*row)
 
 
+def run_completed(engine: Engine, run_id: UUID | None) -> bool:
+    """Whether a request's run (if it has one) completed."""
+    if run_id is None:
+        return False
+    with engine.connect() as conn:
+        return conn.execute(q("run_status"), {"run_id": run_id}).scalar() == "completed"
+
+
 def attach_run(engine: Engine, request_id: int, run_id: UUID) -> None:
     with transaction(engine) as conn:
         conn.execute(q("attach_sweep_run"), {"id": request_id, "run_id": run_id})

@@ -275,3 +275,25 @@ class TestASecondRequestWhileOneIsPending:
         assert sweeps.request_sweep(engine, "alice") == second
         assert sweeps.claim_sweep(engine, worker="other:1", lease_seconds=300).id == second
         assert sweeps.request_sweep(engine, "alice") not in (handed_back, second)
+
+
+class TestAGivenUpRequestWhoseRunCompleted:
+    def test_it_is_done_not_failed(self, engine, settings):
+        """The last allowed holder completed the sweep's run, then died (or lost the database)
+        before closing the request: the next claim gave it up as failed ("gave up after 3
+        attempts") although the user was swept. A request whose run completed is done."""
+        alice = expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            for attempt in range(sweeps.MAX_ATTEMPTS):
+                claim = sweeps.claim_sweep(engine, worker=f"dead:{attempt}", lease_seconds=300)
+                assert claim is not None
+                execute(engine, "UPDATE gc_sweep_requests SET claimed_at = claimed_at"
+                        " - interval '301 seconds' WHERE id = :id", id=request_id)  # fmt: skip
+            run_id = daemon._sweep_run(claim)
+            assert daemon.work(run_id) is True  # the third holder swept alice, then died
+            assert daemon.sweep_next() is True
+            assert daemon.metrics.sweeps.labels("done")._value.get() == 1
+        row = request_row(engine, request_id)
+        assert (row["status"], row["error"], row["run_id"]) == ("done", None, run_id)
+        assert run_of(engine, run_id).status == "completed" and status(engine, alice) == "deleted"

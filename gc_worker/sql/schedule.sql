@@ -225,6 +225,10 @@ WHERE r.id = (
 )
 RETURNING r.id, r.user_id, r.dry_run, r.run_id, r.attempts
 
+-- run_status --
+-- One run's status (none: no such run).
+SELECT status FROM gc_runs WHERE id = :run_id
+
 -- attach_sweep_run --
 -- Record which run serves a claimed request (a retry joins it instead of starting another).
 UPDATE gc_sweep_requests SET run_id = :run_id WHERE id = :id
