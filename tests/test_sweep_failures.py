@@ -15,7 +15,7 @@ from gc_worker.claims import participating
 from gc_worker.daemon import SWEEP_TRIGGER, Daemon
 from gc_worker.engine import RunRequest, resolve_jobs, start_run
 from gc_worker.errors import DatabaseUnavailable
-from tests.store import execute, status
+from tests.store import add, execute, status
 from tests.test_schedule_sweeps import NOON, expired, request_row
 
 LOST = "connection lost: terminating connection due to administrator command (57P01)"
@@ -297,3 +297,18 @@ class TestAGivenUpRequestWhoseRunCompleted:
         row = request_row(engine, request_id)
         assert (row["status"], row["error"], row["run_id"]) == ("done", None, run_id)
         assert run_of(engine, run_id).status == "completed" and status(engine, alice) == "deleted"
+
+
+class TestWhatRequestSweepPrints:
+    def test_a_user_id_with_control_characters_is_shown_not_obeyed(self, engine, cli_env, capsys):
+        """A stored user id is the application's (its users may choose it): `request-sweep`
+        printed it raw, so an id holding a terminal escape (here OSC 0, which retitles the
+        window; OSC 52 writes the clipboard) reached the operator's terminal. It is shown as
+        `reviews list` shows ids: controls as �, on one line."""
+        hostile = "eve\x1b]0;owned\x07\nnext"
+        add(engine, hostile, "a memory")
+        assert cli.main(["request-sweep", hostile]) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x07" not in out and out.count("\n") == 1
+        assert "user eve\ufffd]0;owned\ufffd next;" in out
+        assert request_row(engine, 1)["user_id"] == hostile  # the request names the real id
