@@ -378,11 +378,11 @@ class Daemon:
         self.last_progress = time.monotonic()
 
     def _serve_sweep(self, claim: sweeps.SweepClaim) -> None:
-        if claim.attempts > sweeps.MAX_ATTEMPTS and not sweeps.run_completed(
-            self.engine, claim.run_id
-        ):  # (a holder that completed the run, then died, did the sweep: closed done below)
-            self._give_up(claim)
-            return
+        if claim.attempts > sweeps.MAX_ATTEMPTS:
+            own = sweeps.own_run_status(self.engine, claim)
+            if own != "completed":  # (a holder that completed the run did the sweep: done)
+                self._give_up(claim, own)
+                return
         lease = sweeps.Lease(
             self.engine, claim.id, worker=self.worker_id, seconds=self.settings.run.lease_seconds
         )
@@ -418,17 +418,16 @@ class Daemon:
 
     def _sweep_run(self, claim: sweeps.SweepClaim) -> UUID:
         """The run of a claimed sweep: the one an earlier daemon started for it (handed back at
-        a stop) unless it is too old to finish, else a new one."""
-        if claim.run_id is not None:
-            with self.engine.connect() as conn:
-                status = load_run(conn, claim.run_id)["status"]
-            if status == "completed" or (
-                status == "running"
-                and not scheduler.close_unresumable(
-                    self.engine, claim.run_id, self.settings.plan_age_limit_hours, self.clock()
-                )
-            ):
-                return claim.run_id
+        a stop) unless it is too old to finish, else a new one (also when the run the request
+        names is not a sweep of its user and kind: an application may have named any)."""
+        status = sweeps.own_run_status(self.engine, claim)
+        if status == "completed" or (
+            status == "running"
+            and not scheduler.close_unresumable(
+                self.engine, claim.run_id, self.settings.plan_age_limit_hours, self.clock()
+            )
+        ):
+            return claim.run_id
         request = RunRequest(
             mode="dry_run" if claim.dry_run else "apply", now=self.clock(),
             users=(claim.user_id,), jobs=resolve_jobs([], self.settings), trigger=SWEEP_TRIGGER,
@@ -441,11 +440,12 @@ class Daemon:
         if sweeps.finish_sweep(self.engine, request_id, worker=self.worker_id, error=error):
             self.metrics.sweeps.labels("failed").inc()
 
-    def _give_up(self, claim: sweeps.SweepClaim) -> None:
-        """Its daemons died MAX_ATTEMPTS times: fail the request, and the run they left."""
+    def _give_up(self, claim: sweeps.SweepClaim, own: str | None) -> None:
+        """Its daemons died MAX_ATTEMPTS times: fail the request, and the run they left (its
+        own, ``own`` its status: not one an application named)."""
         error = f"gave up after {sweeps.MAX_ATTEMPTS} attempts"
         self._sweep_failed(claim.id, error)
-        if claim.run_id is not None and sweeps.fail_abandoned_run(
+        if own == "running" and sweeps.fail_abandoned_run(
             self.engine, claim.run_id, error=f"sweep request {claim.id} {error}"
         ):
             self._count(self.metrics.run_finished, claim.run_id)

@@ -109,12 +109,14 @@ def claim_sweep(engine: Engine, *, worker: str, lease_seconds: float) -> SweepCl
     return None if row is None else SweepClaim(*row)
 
 
-def run_completed(engine: Engine, run_id: UUID | None) -> bool:
-    """Whether a request's run (if it has one) completed."""
-    if run_id is None:
-        return False
+def own_run_status(engine: Engine, claim: SweepClaim) -> str | None:
+    """The status of the claimed request's run, if it has one that is a sweep of its user and
+    kind: an application inserting the row may have named any run (``sweep_run_status``)."""
+    if claim.run_id is None:
+        return None
+    params = {"run_id": claim.run_id, "user_id": claim.user_id, "dry_run": claim.dry_run}
     with engine.connect() as conn:
-        return conn.execute(q("run_status"), {"run_id": run_id}).scalar() == "completed"
+        return conn.execute(q("sweep_run_status"), params).scalar()
 
 
 def attach_run(engine: Engine, request_id: int, run_id: UUID) -> None:

@@ -13,7 +13,7 @@ import jobs.ttl_expiry as ttl
 from gc_worker import batch_run, cli, erasure, sweeps
 from gc_worker.claims import participating
 from gc_worker.daemon import SWEEP_TRIGGER, Daemon
-from gc_worker.engine import RunRequest, resolve_jobs, start_run
+from gc_worker.engine import RunRequest, resolve_jobs, run_once, start_run
 from gc_worker.errors import DatabaseUnavailable
 from tests.store import add, execute, status
 from tests.test_schedule_sweeps import NOON, expired, request_row
@@ -312,3 +312,42 @@ class TestWhatRequestSweepPrints:
         assert "\x1b" not in out and "\x07" not in out and out.count("\n") == 1
         assert "user eve\ufffd]0;owned\ufffd next;" in out
         assert request_row(engine, 1)["user_id"] == hostile  # the request names the real id
+
+
+class TestARunTheRequestDoesNotOwn:
+    @pytest.mark.parametrize("kind", ["dry-run-of-the-user", "run-of-another-user"])
+    def test_a_request_naming_another_run_is_swept_with_its_own(self, engine, settings, kind):
+        """An application inserts the row itself, and may fill `run_id` (copying a row, or to
+        sweep "again"): a request naming a completed run was closed done at once. Naming a dry
+        run of the user, an apply request applied nothing; naming another user's run, the user
+        was not swept. The run a request joins must be a sweep of its user and kind."""
+        alice = expired(engine, "alice")
+        bob = expired(engine, "bob")
+        mode, user = ("dry_run", "alice") if kind == "dry-run-of-the-user" else ("apply", "bob")
+        request = RunRequest(mode=mode, now=NOON, users=(user,), jobs=resolve_jobs([], settings))
+        other = run_once(engine, settings, request)
+        request_id = execute(
+            engine, "INSERT INTO gc_sweep_requests (user_id, run_id) VALUES ('alice', :r)"
+            " RETURNING id", r=other,
+        ).scalar()  # fmt: skip
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            assert daemon.sweep_next() is True
+        row = request_row(engine, request_id)
+        assert row["status"] == "done" and row["run_id"] != other
+        assert status(engine, alice) == "deleted"
+        assert status(engine, bob) == ("active" if user == "alice" else "deleted")
+
+    def test_a_request_given_up_leaves_a_run_it_does_not_own(self, engine, settings):
+        """Giving a request up fails the run its dead holders left: not a run the application
+        named that is no sweep of its user (here a nightly-like run nobody works right now)."""
+        expired(engine, "alice")
+        request = RunRequest(mode="apply", now=NOON, users=("alice",), jobs=("ttl_expiry",))
+        other = start_run(engine, settings, request)  # left running, nobody working it
+        request_id = execute(
+            engine, "INSERT INTO gc_sweep_requests (user_id, run_id, attempts) VALUES"
+            " ('alice', :r, :n) RETURNING id", r=other, n=sweeps.MAX_ATTEMPTS,
+        ).scalar()  # fmt: skip
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            assert daemon.sweep_next() is True
+        assert request_row(engine, request_id)["status"] == "failed"
+        assert run_of(engine, other).status == "running"

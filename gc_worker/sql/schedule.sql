@@ -225,9 +225,13 @@ WHERE r.id = (
 )
 RETURNING r.id, r.user_id, r.dry_run, r.run_id, r.attempts
 
--- run_status --
--- One run's status (none: no such run).
-SELECT status FROM gc_runs WHERE id = :run_id
+-- sweep_run_status --
+-- The status of a request's run, if it is a sweep of the request's user and kind; none for a
+-- run an application named there that is not (another user's, a dry run for an apply, a
+-- nightly run): the request is swept with a run of its own.
+SELECT status FROM gc_runs
+WHERE id = :run_id AND trigger = 'sweep' AND users = CAST(ARRAY[:user_id] AS text[])
+  AND (mode = 'dry_run') = :dry_run
 
 -- attach_sweep_run --
 -- Record which run serves a claimed request (a retry joins it instead of starting another).
