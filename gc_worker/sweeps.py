@@ -161,9 +161,9 @@ class Lease:
 
 
 UNRECORDED = (
-    "no sweep request names it: its daemon stopped (died, or lost the database) between "
-    "creating it and recording it on the request, whose next claim swept with another run; "
-    "nothing of it was applied"
+    "no sweep request names it and nobody works it: its daemon stopped (died, or lost the "
+    "database) before recording it on the request, whose next claim swept with another run, "
+    "or its request was closed without it; nothing resumes a sweep run"
 )
 
 

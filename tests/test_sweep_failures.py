@@ -209,6 +209,22 @@ class TestARunNoRequestNamesIsClosed:
             daemon.upkeep()
         assert run_of(engine, orphan).status == "failed"
 
+    def test_a_run_left_by_the_worker_of_a_given_up_request_is_failed(self, engine, settings):
+        """A request given up while a daemon still worked its run leaves that run to it; when
+        that daemon dies too, nothing else closes the run: the upkeep does."""
+        expired(engine, "alice")
+        request_id = sweeps.request_sweep(engine, "alice")
+        run_id = unrecorded_run(engine, settings, "alice", age_seconds=301)
+        sweeps.attach_run(engine, request_id, run_id)
+        execute(engine, "UPDATE gc_sweep_requests SET status = 'failed' WHERE id = :id",
+                id=request_id)  # fmt: skip
+        with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
+            with participating(engine, run_id):  # its last worker, still alive
+                daemon.upkeep()
+                assert run_of(engine, run_id).status == "running"
+            daemon.upkeep()  # it died
+        assert run_of(engine, run_id).status == "failed"
+
 
 class TestASweepOfAForgottenUser:
     def test_a_sweep_left_pending_by_forget_user_keeps_no_trace(self, engine, settings, capsys):

@@ -261,8 +261,9 @@ WHERE id = :id AND status = 'running' AND claimed_by = :worker
 -- unrecorded_sweep_runs --
 -- Sweep runs still running that no open request names, started more than a lease ago: their
 -- daemon died (or lost the database) between creating the run and recording it on the request
--- (two commits), and the request's next claimer swept with a run of its own. Nothing of them
--- was worked: a sweep's run is worked only once recorded.
+-- (two commits), and the request's next claimer swept with a run of its own; or the request
+-- was closed (given up) while a daemon still worked the run, and that daemon died. Nothing
+-- resumes a sweep run; fail_abandoned_run leaves one somebody works.
 SELECT r.id FROM gc_runs r
 WHERE r.status = 'running' AND r.trigger = 'sweep'
   AND r.started_at < clock_timestamp() - make_interval(secs => :lease)
