@@ -4,15 +4,18 @@ failed before its fix."""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from contextlib import closing
 from uuid import UUID
 
 import pytest
 
 import jobs.ttl_expiry as ttl
-from gc_worker import batch_run, cli, erasure, sweeps
+from gc_worker import batch_run, cli, db, erasure, sweeps
 from gc_worker.claims import participating
-from gc_worker.daemon import SWEEP_TRIGGER, Daemon
+from gc_worker.daemon import SWEEP_TRIGGER, Daemon, listen_dsn
 from gc_worker.engine import RunRequest, resolve_jobs, run_once, start_run
 from gc_worker.errors import DatabaseUnavailable
 from tests.store import add, execute, status
@@ -367,3 +370,63 @@ class TestARunTheRequestDoesNotOwn:
             assert daemon.sweep_next() is True
         assert request_row(engine, request_id)["status"] == "failed"
         assert run_of(engine, other).status == "running"
+
+
+class TestTwoDaemonsAndTheListener:
+    def test_two_daemons_draining_the_queue_serve_each_request_once(
+        self, engine, settings, database_url
+    ):
+        """Two replicas claiming at once (SKIP LOCKED) take each request once: one claim, one
+        run each, every user swept; two rows for one user (an application's) are two sweeps."""
+        users = [f"u{i}" for i in range(6)]
+        rows = {user: expired(engine, user) for user in users}
+        for user in [*users, "u0"]:
+            execute(engine, "INSERT INTO gc_sweep_requests (user_id) VALUES (:u)", u=user)
+        other = db.make_engine(database_url)
+        daemons = [Daemon(e, settings, clock=lambda: NOON) for e in (engine, other)]
+
+        def drain(daemon: Daemon) -> None:
+            while daemon.attempt(daemon.sweep_next):
+                pass
+
+        threads = [threading.Thread(target=drain, args=(d,)) for d in daemons]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+        finally:
+            other.dispose()
+            for daemon in daemons:
+                daemon.close()
+        served = execute(engine, "SELECT status, attempts, run_id FROM gc_sweep_requests").all()
+        assert [(r.status, r.attempts) for r in served] == [("done", 1)] * (len(users) + 1)
+        assert len({r.run_id for r in served}) == len(users) + 1
+        assert execute(engine, "SELECT count(*) FROM gc_runs").scalar() == len(users) + 1
+        assert {status(engine, row) for row in rows.values()} == {"deleted"}
+        assert sum(d.failures for d in daemons) == 0
+
+    def test_a_listen_session_the_server_ended_is_replaced(self, engine):
+        """The LISTEN session ended by the server (a restart, idle_session_timeout, a reaper)
+        is noticed and replaced: a request made afterwards wakes the daemon again, at once."""
+        expired(engine, "alice")
+        wake_r, wake_w = os.pipe()
+        listener = sweeps.SweepListener(listen_dsn(engine), wake_r)
+        try:
+            listener.wait(0)
+            ended = listener._conn.info.backend_pid
+            execute(engine, "SELECT pg_terminate_backend(:pid)", pid=ended)
+            waits = 0  # it notices the end (reads the server's goodbye, then the closed socket)
+            while listener._conn is None or listener._conn.info.backend_pid == ended:
+                assert waits < 10
+                listener.wait(0.5)
+                waits += 1
+            timer = threading.Timer(0.2, lambda: sweeps.request_sweep(engine, "alice"))
+            timer.start()
+            started = time.monotonic()
+            assert listener.wait(10) is True
+            assert time.monotonic() - started < 2
+            timer.join()
+        finally:
+            listener.close()
+            os.close(wake_r), os.close(wake_w)
