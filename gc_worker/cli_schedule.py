@@ -145,7 +145,7 @@ def _metrics_server(args: argparse.Namespace, daemon: Any) -> Any:
 
 
 def cmd_request_sweep(args: argparse.Namespace, ctx: Context) -> int:
-    from gc_worker.render import printable
+    from gc_worker.render_text import printable
     from gc_worker.sweeps import queue_sweep
 
     request_id, created = queue_sweep(ctx.engine(), args.user_id, dry_run=args.dry_run)

@@ -401,7 +401,9 @@ class Daemon:
             return
         except Exception as exc:
             if sweeps.lost_the_database(exc) and claim.attempts < sweeps.MAX_ATTEMPTS:
-                sweeps.release_sweep(self.engine, claim.id, worker=WORKER_ID, attempt_counts=True)
+                sweeps.release_sweep(
+                    self.engine, claim.id, worker=self.worker_id, attempt_counts=True
+                )
             else:
                 self._sweep_failed(claim.id, describe_error(exc))
             raise
