@@ -12,6 +12,7 @@ one; a bad value names the key, what is allowed and where it was set.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import tomllib
@@ -203,6 +204,15 @@ class ErasureSettings(JobSection):
     retention_days: float = Field(1, ge=0, le=MAX_DAYS)
 
 
+class HistorySettings(Section):
+    """The worker's own audit (gc_worker.history): runs that ended this long ago go, except
+    what is still needed (a link erasure follows, a change still restorable). ``enabled =
+    false``: never pruned."""
+
+    enabled: bool = True
+    retention_days: float = Field(400, ge=1, le=MAX_DAYS)
+
+
 class LLMSettings(Section):
     model: str = "gpt-4.1-mini"
     max_calls_per_run: int = Field(500, ge=0, le=10**15)
@@ -237,6 +247,7 @@ class Settings(Section):
     usage_prune: UsagePruneSettings = UsagePruneSettings()
     user_cap: UserCapSettings = UserCapSettings()
     hard_delete: HardDeleteSettings = HardDeleteSettings()
+    history: HistorySettings = HistorySettings()
     llm: LLMSettings = LLMSettings()
     embeddings: EmbeddingSettings = EmbeddingSettings()
 
@@ -248,6 +259,18 @@ class Settings(Section):
         if self.schedule.mode != "plan_then_apply":
             return self.run.max_plan_age_hours
         return max(self.run.max_plan_age_hours, (self.schedule.apply_delay_minutes + 60) / 60)
+
+    @property
+    def history_minimum_days(self) -> float:
+        """The shortest ``history.retention_days`` allowed: the longest retention after which a
+        change is still restorable or its row still stored (hard_delete's two, erasure's), plus
+        how old a plan may be when applied (its audit rows are written then)."""
+        longest = max(
+            self.hard_delete.retention_days,
+            self.hard_delete.history_retention_days,
+            self.erasure.retention_days,
+        )
+        return longest + self.plan_age_limit_hours / 24
 
 
 class Runtime(Section):
@@ -420,10 +443,37 @@ def _did_you_mean(word: str, options: list[str]) -> str:
 
 def _validate(merged: dict[str, Any], origin: Mapping[tuple[str, str], str]) -> Settings:
     try:
-        return Settings.model_validate(merged)
+        settings = Settings.model_validate(merged)
     except ValidationError as exc:
         problems = list(dict.fromkeys(_describe(err, merged, origin) for err in exc.errors()))
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+    _check_history_retention(settings, origin)
+    return settings
+
+
+def _check_history_retention(settings: Settings, origin: Mapping[tuple[str, str], str]) -> None:
+    """history.retention_days must outlast every retention that keeps a change restorable (and
+    the age of a plan still applicable): a shorter one would prune the audit a restore, the read
+    rule or an erasure still reads. Names both settings and the minimum."""
+    history = settings.history
+    minimum = settings.history_minimum_days
+    if not history.enabled or history.retention_days >= minimum:
+        return
+    candidates = {
+        "hard_delete.retention_days": settings.hard_delete.retention_days,
+        "hard_delete.history_retention_days": settings.hard_delete.history_retention_days,
+        "erasure.retention_days": settings.erasure.retention_days,
+    }
+    longest = max(candidates, key=lambda name: candidates[name])
+    where = origin.get(("history", "retention_days"), "defaults")
+    raise ConfigError(
+        f"invalid configuration:\n  history.retention_days = {history.retention_days:g} (from "
+        f"{where}) is shorter than {longest} ({candidates[longest]:g} days) plus "
+        f"run.max_plan_age_hours ({settings.plan_age_limit_hours:g} h): the audit of changes "
+        f"still restorable would be pruned; set history.retention_days to at least "
+        f"{math.ceil(minimum * 1000) / 1000:g} (or MEMORY_GC_HISTORY__RETENTION_DAYS), shorten "
+        f"{longest}, or turn pruning off with [history] enabled = false"
+    )
 
 
 def _describe(err: Mapping[str, Any], merged: Mapping[str, Any], origin: Mapping) -> str:
