@@ -28,7 +28,12 @@ from gc_worker.report import build_report
 from gc_worker.run_record import load_run, settings_of
 
 # Subcommands that live with their capability (each module has ``register(sub)``).
-EXTENSIONS = ("gc_worker.cli_reviews", "gc_worker.cli_erasure", "gc_worker.cli_schedule")
+EXTENSIONS = (
+    "gc_worker.cli_reviews",
+    "gc_worker.cli_erasure",
+    "gc_worker.cli_schedule",
+    "gc_worker.cli_history",
+)
 
 
 def register(sub: Any) -> None:
