@@ -158,11 +158,21 @@ class Daemon:
                     self.work(worked)
                 except RunFailed as exc:  # it ended (failed): a slot due meanwhile still runs
                     failed.append(exc)
+            if worked is not None:
+                self.attempt(self.prune_history)
             if failed:
                 raise failed[0]
             return worked
         finally:
             self._nightly.release()
+
+    def prune_history(self) -> None:
+        """After the nightly run: the worker's own history past [history] retention_days
+        (gc_worker.history; one replica at a time, the others skip)."""
+        if self.settings.history.enabled:
+            from gc_worker import history
+
+            history.prune(self.engine, self.settings, now=self.clock(), should_stop=self.stopping)
 
     def catch_up_slot(self) -> UUID | None:
         """Run the slot due now if it has no run yet (its firing failed before the run was
