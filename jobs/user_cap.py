@@ -19,8 +19,11 @@ record — ``create_merged`` (memory_type ``summary``, source ``gc_merge``, impo
 among the folded rows, ``metadata.summary_depth`` one more than theirs, embedding from the
 embeddings port, else the normalised centroid of the folded rows' embeddings, lineage to each)
 and a ``soft_delete`` per folded row (reason ``over_cap_summarized``, superseded_by the summary),
-all in one group. Taken rows that may not be folded any more are evicted plainly (``over_cap``):
-a summary is itself subject to the cap, it is just not re-summarised past the depth.
+all in one group. Taken rows that may not be folded are evicted plainly (``over_cap``,
+``details.not_folded`` says why): at the depth limit (a summary is itself subject to the cap, it
+is just not re-summarised past the depth), or a row the open-ended, slotless summary would
+change the reading of (``fold_blocker``: bounded or not yet valid, a slot's value, a declarer
+or a declared row, a row of an open review).
 
 Summarising needs at least two foldable rows among the taken ones and ``active - cap + 1``
 evictable rows; otherwise (pinned rows leave too little room) eviction is plain, exactly as with
@@ -128,15 +131,26 @@ def summary_depth(row: Any) -> int:
     return 1 if row.memory_type == SUMMARY_TYPE or row.source == MERGED_SOURCE else 0
 
 
+def fold_blocker(row: Any, max_depth: int) -> str | None:
+    """Why a taken row is evicted plainly instead of folded, or None: at the depth limit, or a
+    row an open-ended summary without slot or declaration cannot carry as the read path shows
+    it (sql/user_cap.sql user_cap_candidates: ``unfoldable``)."""
+    if summary_depth(row) >= max_depth:
+        return "summary_depth"
+    return getattr(row, "unfoldable", None)
+
+
 @dataclass(frozen=True)
 class Overflow:
-    """One over-cap user's plan: rows to fold into a summary, rows to evict plainly."""
+    """One over-cap user's plan: rows to fold into a summary, rows to evict plainly (with why
+    each is not folded)."""
 
     user_id: str
     excess: int
     fold: tuple[Any, ...]
     evict: tuple[Any, ...]
     plain: tuple[Any, ...]  # what plain eviction takes (the fallback)
+    not_folded: tuple[str, ...] = ()  # aligned with evict, when there is a fold
 
 
 def split_overflow(
@@ -153,12 +167,13 @@ def split_overflow(
     ordered = sorted(rows, key=lambda row: eviction_key(row, importance))
     excess = max(active - cap, 0)
     plain = tuple(ordered[:excess])
-    taken = ordered[: excess + 1]
-    fold = tuple(row for row in taken if summary_depth(row) < max_depth)
+    taken = [(row, fold_blocker(row, max_depth)) for row in ordered[: excess + 1]]
+    fold = tuple(row for row, why in taken if why is None)
     if excess == 0 or len(ordered) < excess + 1 or len(fold) < 2:
         return Overflow(user_id, excess, (), plain, plain)
-    evict = tuple(row for row in taken if summary_depth(row) >= max_depth)
-    return Overflow(user_id, excess, fold, evict, plain)
+    blocked = [(row, why) for row, why in taken if why is not None]
+    evict = tuple(row for row, _ in blocked)
+    return Overflow(user_id, excess, fold, evict, plain, tuple(why for _, why in blocked))
 
 
 def summary_record(
@@ -219,7 +234,11 @@ def summary_actions(overflow: Overflow, record: Mapping[str, Any]) -> list[Actio
         replace(soft_delete(NAME, row, SUMMARIZED, superseded_by=str(summary_id)), group=group)
         for row in overflow.fold
     ]
-    return [create, *folded, *evictions(overflow.evict)]
+    kept_out = [
+        soft_delete(NAME, row, REASON, not_folded=why)
+        for row, why in zip(overflow.evict, overflow.not_folded, strict=True)
+    ]
+    return [create, *folded, *kept_out]
 
 
 def evictions(rows: Iterable[Any], **details: Any) -> list[Action]:
@@ -371,6 +390,7 @@ def _plan_over_cap(ctx: BatchContext, counts: dict[str, int]) -> list[Action]:
         "take": [counts[u] - cap + 1 for u in users],  # split_overflow looks one row further
         "reassessed_importance": list(ctx.importance.values()),  # aligned with :reassessed
         "with_metadata": summarize,
+        "held": list(ctx.held),  # rows of a conflict left open earlier in this batch
     }
     rows = ctx.conn.execute(q("user_cap_candidates"), params).all()
     if summarize:

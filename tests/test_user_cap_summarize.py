@@ -15,8 +15,10 @@ from uuid import UUID, uuid4
 import httpx2
 import pytest
 
+import jobs.user_cap as user_cap
 from gc_worker import engine as gc_engine
 from gc_worker import erasure
+from gc_worker.batch import BatchContext
 from gc_worker.config import Runtime, Settings
 from gc_worker.db import transaction
 from gc_worker.llm import LLMPort
@@ -380,11 +382,13 @@ class TestSummaryDepth:
         low, mid, _, _ = seed(engine, 2, 2, 5, 5)
         settings = cap_settings(3)
         llm, _ = make_llm(settings, *summary_replies())
-        run(engine, settings, jobs=["user_cap"], llm=llm)
+        report = run(engine, settings, jobs=["user_cap"], llm=llm)
         assert (get(engine, old)["status"], get(engine, old)["status_reason"]) == (
             "deleted",
             "over_cap",
         )
+        [kept_out] = [a for a in report["actions"] if a["reason"] == "over_cap"]
+        assert kept_out["details"]["not_folded"] == "summary_depth"
         [summary] = [s for s in summaries(engine) if s["status"] == "active"]
         assert lineage(engine, summary["id"]) == {low, mid}
         assert active_count(engine) == 3
@@ -400,6 +404,70 @@ class TestSummaryDepth:
         assert lineage(engine, summary["id"]) == {old, low, mid}
         assert summary["metadata"]["summary_depth"] == 2
         assert active_count(engine) == 3
+
+
+class TestWhatTheReadPathShows:
+    """Found by a review: a summary is an open-ended record with no slot, validity or
+    declaration, so a folded row whose text the read path (gc_worker.read_rule) does not show
+    as is — its validity ended or not begun, hidden by a declaration, a slot's value, one that
+    declares what it replaces, or one a review holds — came back (or stayed) current for good
+    inside the summary: "in Tokyo until March" folded in June reads "in Tokyo". Such a row is
+    evicted plainly, as with overflow = "evict"; the others fold."""
+
+    @staticmethod
+    def hidden_by_override(engine, target: UUID) -> None:
+        add(engine, "u1", "memory override", importance=5, supersedes=[target],
+            valid_until=NOW + timedelta(days=3), created_at=days_ago(1))  # fmt: skip
+
+    @staticmethod
+    def under_review(engine, target: UUID) -> None:
+        execute(engine, "INSERT INTO gc_review_items (user_id, kind, memory_ids, reason)"
+                        " VALUES ('u1', 'contradiction', ARRAY[CAST(:m AS uuid)], 'unsure')",
+                m=target)  # fmt: skip
+
+    @pytest.mark.parametrize(
+        ("columns", "then", "cap", "why"),
+        [
+            ({"valid_until": days_ago(5)}, None, 3, "bounded"),  # ended: hidden from reads
+            ({"valid_from": NOW + timedelta(days=5)}, None, 3, "not_yet_valid"),
+            ({"slot": "profile.city"}, None, 3, "slot"),  # a later value could not replace it
+            ({"supersedes": [UUID(int=7)]}, None, 3, "declares_supersedes"),
+            ({}, "hidden_by_override", 4, "superseded_by_declaration"),
+            ({}, "under_review", 3, "in_review"),  # a conflict a person has yet to judge
+        ],
+        ids=["ended", "not-begun", "slot", "declares", "shadowed", "in-review"],
+    )
+    def test_a_row_the_summary_cannot_carry_is_evicted_not_folded(
+        self, engine, make_llm, columns: dict[str, Any], then: str | None, cap: int, why: str
+    ) -> None:
+        low, mid1, mid2, _, _ = seed(engine, 1, 2, 2, 4, 5)
+        execute(engine, "UPDATE memories SET " + ", ".join(f"{k} = :{k}" for k in columns)
+                + " WHERE id = :id", id=low, **columns) if columns else None  # fmt: skip
+        if then is not None:
+            getattr(self, then)(engine, low)
+        settings = cap_settings(cap)
+        llm, _ = make_llm(settings, *summary_replies())
+        report = run(engine, settings, jobs=["user_cap"], llm=llm)
+        [summary] = summaries(engine)
+        assert lineage(engine, summary["id"]) == {mid1, mid2}
+        evicted = get(engine, low)
+        assert (evicted["status"], evicted["status_reason"]) == ("deleted", "over_cap")
+        assert active_count(engine) == cap
+        assert by_kind(report) == {"create_merged": 1, "soft_delete": 3}
+        [kept_out] = [a for a in report["actions"] if a["reason"] == "over_cap"]
+        assert kept_out["details"]["not_folded"] == why
+
+    @pytest.mark.parametrize("held", [False, True])
+    def test_a_conflict_left_open_earlier_in_the_batch_is_not_folded(self, engine, held):
+        """A pair the contradiction job left open in this batch (BatchContext.held) is not
+        folded either; just outside, the same row is."""
+        low, mid1, mid2, _, _ = seed(engine, 1, 2, 2, 4, 5)
+        with engine.connect() as conn:
+            ctx = BatchContext(conn=conn, users=["u1"], settings=cap_settings(3), now=NOW,
+                               dry_run=True, held={low} if held else set())  # fmt: skip
+            [listing] = user_cap.plan(ctx)  # offline: the rows it would fold, deferred
+        expected = [mid1, mid2] if held else [low, mid1, mid2]
+        assert sorted(listing.details["memory_ids"]) == sorted(map(str, expected))
 
 
 class TestSplitOverflow:
