@@ -172,6 +172,13 @@ UNTRACKED = {
         "included. To count use from the adoption on instead, also run UPDATE memories SET "
         "last_accessed_at = now(); — or start with [usage_prune] enabled = false)"
     ),
+    "importance_assessed_at": (
+        " (NULL is 'never assessed': the first importance run would have the model re-score "
+        "every row, replacing the application's own importance — a score it lowers lets decay, "
+        "usage_prune and user_cap retire the row from the next run. To keep the application's "
+        "scores, also run UPDATE memories SET importance_assessed_at = now() WHERE importance "
+        "<> 3; (without the WHERE: every row's) — or start with [importance] enabled = false)"
+    ),
 }
 
 

@@ -317,6 +317,26 @@ class TestAdoption:
         assert "UPDATE memories SET last_accessed_at = now();" in err
         assert "[usage_prune] enabled = false" in err
 
+    def test_scores_never_marked_assessed_are_explained_before_the_column_is_added(
+        self, empty_database_url, monkeypatch, capsys
+    ):
+        """An application that kept importance but not importance_assessed_at: the column the
+        advice added was NULL, "never assessed", so the first importance run had the model
+        re-score every row, replacing the application's own scores (a 5 it set scored 1 is
+        retired by decay, usage_prune or user_cap from the next run). Found by a review. The
+        advice says so and how to keep them."""
+        url = empty_database_url
+        execute(
+            url,
+            app_store(lineage=False) + "ALTER TABLE memories DROP COLUMN importance_assessed_at;",
+        )
+        code, _, err = migrate(monkeypatch, url, capsys)
+        assert code == 2, err
+        assert "ALTER TABLE memories ADD COLUMN importance_assessed_at timestamptz;" in err
+        assert "UPDATE memories SET importance_assessed_at = now() WHERE importance <> 3;" in err
+        assert "[importance] enabled = false" in err
+        assert untouched(url)
+
     def test_rows_breaking_a_check_roll_the_whole_migration_back(
         self, empty_database_url, monkeypatch, capsys
     ):
