@@ -22,8 +22,9 @@ and a ``soft_delete`` per folded row (reason ``over_cap_summarized``, superseded
 all in one group. Taken rows that may not be folded are evicted plainly (``over_cap``,
 ``details.not_folded`` says why): at the depth limit (a summary is itself subject to the cap, it
 is just not re-summarised past the depth), or a row the open-ended, slotless summary would
-change the reading of (``fold_blocker``: bounded or not yet valid, a slot's value, a declarer
-or a declared row, a row of an open review).
+change the reading of (``fold_blocker``: bounded, not yet valid or expired, a slot's value, a
+declarer or a declared row, a row of an open review). The summary expires with the earliest TTL
+among the folded rows: no fact outlives its own.
 
 Summarising needs at least two foldable rows among the taken ones and ``active - cap + 1``
 evictable rows; otherwise (pinned rows leave too little room) eviction is plain, exactly as with
@@ -189,7 +190,7 @@ def summary_record(
     """The memories columns of the summary of ``fold`` (``full`` = their complete rows)."""
     members = [full[row.id] for row in fold]
     scopes = {m.scope for m in members}
-    expiries = [m.expires_at for m in members]
+    expiries = [m.expires_at for m in members if m.expires_at is not None]
     accessed = [m.last_accessed_at for m in members if m.last_accessed_at is not None]
     return {
         "content": text,
@@ -201,7 +202,8 @@ def summary_record(
         "importance_assessed_at": now_iso,
         "confidence": max(m.confidence for m in members),
         "last_accessed_at": max(accessed).isoformat() if accessed else None,
-        "expires_at": None if None in expiries else max(expiries).isoformat(),
+        # no folded fact outlives its TTL (the rows would otherwise be evicted now)
+        "expires_at": min(expiries).isoformat() if expiries else None,
         "metadata": {
             "summary_depth": max(summary_depth(row) for row in fold) + 1,
             "summarized_count": len(fold),

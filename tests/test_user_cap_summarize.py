@@ -434,8 +434,9 @@ class TestWhatTheReadPathShows:
             ({"supersedes": [UUID(int=7)]}, None, 3, "declares_supersedes"),
             ({}, "hidden_by_override", 4, "superseded_by_declaration"),
             ({}, "under_review", 3, "in_review"),  # a conflict a person has yet to judge
+            ({"expires_at": days_ago(1)}, None, 3, "expired"),  # TTL passed, not yet retired
         ],
-        ids=["ended", "not-begun", "slot", "declares", "shadowed", "in-review"],
+        ids=["ended", "not-begun", "slot", "declares", "shadowed", "in-review", "expired"],
     )
     def test_a_row_the_summary_cannot_carry_is_evicted_not_folded(
         self, engine, make_llm, columns: dict[str, Any], then: str | None, cap: int, why: str
@@ -456,6 +457,33 @@ class TestWhatTheReadPathShows:
         assert by_kind(report) == {"create_merged": 1, "soft_delete": 3}
         [kept_out] = [a for a in report["actions"] if a["reason"] == "over_cap"]
         assert kept_out["details"]["not_folded"] == why
+
+    @pytest.mark.parametrize(
+        ("ttls", "expected"),
+        [
+            ((None, None, None), None),
+            ((10, None, None), 10),  # found by a review: it never expired
+            ((10, 30, None), 10),
+            ((30, 10, 20), 10),  # found by a review: it expired at day 30
+        ],
+    )
+    def test_a_folded_fact_never_outlives_its_ttl(self, engine, make_llm, ttls, expected):
+        """Found by a review: the summary expired at the latest TTL of the folded rows, or
+        never when one of them had none, so a fact the application said to forget at T (a
+        session note, a one-off code) stayed on the read path past T inside the summary. It
+        now expires at the earliest: the folded rows would otherwise have been evicted now."""
+        rows = seed(engine, 1, 2, 2, 4, 5)
+        for memory_id, days in zip(rows, ttls, strict=False):
+            if days is not None:
+                execute(engine, "UPDATE memories SET expires_at = :t WHERE id = :id",
+                        t=NOW + timedelta(days=days), id=memory_id)  # fmt: skip
+        settings = cap_settings(3)
+        llm, _ = make_llm(settings, *summary_replies())
+        run(engine, settings, jobs=["user_cap"], llm=llm)
+        [summary] = summaries(engine)
+        assert lineage(engine, summary["id"]) == set(rows[:3])
+        want = None if expected is None else NOW + timedelta(days=expected)
+        assert summary["expires_at"] == want
 
     @pytest.mark.parametrize("held", [False, True])
     def test_a_conflict_left_open_earlier_in_the_batch_is_not_folded(self, engine, held):

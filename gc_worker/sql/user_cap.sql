@@ -16,8 +16,9 @@ HAVING count(*) FILTER (WHERE NOT (id = ANY(:taken))) > :floor
 -- (summarize mode): metadata, for a summary's depth, and why a taken row may not be folded
 -- (unfoldable; jobs/user_cap.py fold_blocker): the summary is open-ended, has no slot and
 -- declares nothing, so a row the read path does not show as is (its validity ended or not
--- begun, hidden by a declaration), a slot's value, a declarer, or a row of a conflict a person
--- or the model has yet to judge (an open review, :held) would read differently inside it.
+-- begun, its TTL passed, hidden by a declaration), a slot's value, a declarer, or a row of a
+-- conflict a person or the model has yet to judge (an open review, :held) would read
+-- differently inside it.
 WITH declared AS (
     SELECT DISTINCT unnest(supersedes) AS id
     FROM memories
@@ -27,6 +28,7 @@ SELECT id, user_id, row_version, preview, importance, created_at, last_accessed_
        source, metadata, rank,
        CASE WHEN NOT :with_metadata THEN NULL
             WHEN valid_until IS NOT NULL THEN 'bounded'
+            WHEN expires_at <= :now THEN 'expired'
             WHEN valid_from > :now THEN 'not_yet_valid'
             WHEN slot IS NOT NULL THEN 'slot'
             WHEN declares THEN 'declares_supersedes'
@@ -39,7 +41,8 @@ FROM (
     SELECT m.id, m.user_id, m.xmin::text::bigint AS row_version, left(m.content, 200) AS preview,
            m.importance, m.created_at, m.last_accessed_at, m.memory_type, m.source,
            CASE WHEN :with_metadata THEN m.metadata END AS metadata, w.take,
-           m.valid_from, m.valid_until, m.slot, cardinality(m.supersedes) > 0 AS declares,
+           m.valid_from, m.valid_until, m.expires_at, m.slot,
+           cardinality(m.supersedes) > 0 AS declares,
            row_number() OVER (
                PARTITION BY m.user_id
                ORDER BY coalesce(r.importance, m.importance),
