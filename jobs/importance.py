@@ -156,7 +156,8 @@ def merge_deferred(actions: Iterable[Action]) -> list[Action]:
 def plan(ctx: BatchContext) -> list[Action]:
     rows = candidate_rows(ctx, "importance_candidates")
     actions = plan_scoring(ctx, scoring_batches(rows, ctx.settings.importance.batch_size))
-    deferred_count = sum(1 for a in actions if a.action is Kind.DEFERRED)
+    # batches, not listings: merge_deferred lists a user's run of them once (details.calls)
+    deferred_count = sum(a.details.get("calls", 1) for a in actions if a.action is Kind.DEFERRED)
     if deferred_count:
         log.info("importance.batches_deferred", batches=deferred_count)
     return actions

@@ -432,6 +432,23 @@ class TestDeferred:
         markdown = render_markdown(report)
         assert "| importance | u1 | llm_unavailable |" in markdown
 
+    def test_the_log_counts_deferred_batches_not_listings(self, engine) -> None:
+        """importance.batches_deferred says how many batches wait (docs/importance-and-caps.md):
+        found by a review, it counted the listings, one per user however many batches."""
+        from structlog.testing import capture_logs
+
+        from gc_worker import logs as gc_logs
+
+        gc_logs.configure("info")  # an earlier test (the demo) may have raised the level
+        seed_three(engine)
+        add(engine, "u2", GOAL)
+        settings = with_options(importance={"batch_size": 2})
+        with capture_logs() as logs:
+            report = run(engine, settings, jobs=["importance"])
+        assert len(report["actions"]) == 2  # one listing per user: u1's two batches, u2's one
+        [line] = [e for e in logs if e["event"] == "importance.batches_deferred"]
+        assert line["batches"] == 3
+
     def test_spent_budget_defers_the_rest(self, engine, make_llm) -> None:
         """With one call allowed, the first batch is scored and the second deferred (llm_budget)."""
         ids = seed_three(engine)
