@@ -99,7 +99,10 @@ def _restore_memory(engine: Engine, memory_id: UUID, now: datetime | None) -> Re
             # undone whole (one member back next to the record would state the fact twice)
             members = conn.execute(q("group_members"), {"run_id": latest.run_id, "grp": latest.grp})
             ids = [row.memory_id for row in members]
-        return _restore(conn, latest.run_id, ids, now=now)
+        # that change only: a score the same run gave the row (its members) is another change,
+        # and undoing it would file a dismissal of the model's score that no one asked for
+        scored = latest.action == Kind.SET_IMPORTANCE
+        return _restore(conn, latest.run_id, ids, now=now, scores=scored, changes=not scored)
 
 
 def _restore(
@@ -109,10 +112,18 @@ def _restore(
     *,
     now: datetime | None,
     nothing_left_ok: bool = True,
+    scores: bool = True,
+    changes: bool = True,
 ) -> RestoreResult:
+    """Undo the run's restorable actions (of ``memory_ids``, if given): its importance
+    ``scores`` and its other ``changes`` (status changes, created records), or one of them."""
     now = now or datetime.now(UTC)
     params = {"run_id": run_id, "memory_ids": list(memory_ids) if memory_ids else None}
-    rows = conn.execute(q("restorable_actions"), params).all()
+    rows = [
+        r
+        for r in conn.execute(q("restorable_actions"), params)
+        if (scores if r.action == Kind.SET_IMPORTANCE else changes)
+    ]
     if not rows and not nothing_left_ok:
         raise UsageError(f"run {run_id} was already restored; nothing of it is left to restore")
     retired = [r for r in rows if Kind(r.action) in TARGET_STATUS]

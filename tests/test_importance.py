@@ -314,6 +314,19 @@ def test_restore_a_kept_score_of_a_row_brought_back_is_changed_not_merge_kept(en
     assert result.why_not == [(lunch, "set_importance", "changed_since")]
 
 
+def test_restore_memory_of_an_evicted_row_keeps_its_score(engine, make_llm):
+    """restore --memory undoes the worker's latest change to the memory (README, `restore`):
+    found by a review, it undid every change of that run to the row, so bringing back a row
+    the cap evicted also reset the model's score and filed a dismissal of it, and the row was
+    never scored again though no one had overruled the model. The eviction alone is undone."""
+    lunch, _ = scored_and_evicted(engine, make_llm)
+    result = restore_memory(engine, lunch, now=NOW + timedelta(hours=1))
+    assert result.restored == [lunch]
+    row = get(engine, lunch)
+    assert (row["status"], row["importance"], row["importance_assessed_at"]) == ("active", 1, NOW)
+    assert execute(engine, "SELECT count(*) FROM gc_review_items").scalar_one() == 0
+
+
 def test_restore_two_kept_changes_of_one_row_are_both_named(engine, make_llm):
     lunch, report = scored_and_evicted(engine, make_llm)
     execute(engine, "UPDATE memories SET importance = 4, status = 'active', deleted_at = NULL"

@@ -236,6 +236,24 @@ class TestRestoreAndReplay:
         assert {get(engine, m)["status"] for m in (low, mid)} == {"active"}
         assert get(engine, summary["id"])["status"] == "deleted"
 
+    def test_restore_of_the_summary_keeps_the_folded_rows_scores(self, engine, make_llm):
+        """The same run scored the rows (importance) and folded three of them: restoring the
+        summary undoes the fold, not the scores — found by a review, it reset them and filed a
+        dismissal, so those rows were never scored again though no one overruled the model."""
+        low, mid1, mid2, _, _ = seed(engine, 1, 2, 2, 4, 5)
+        settings = cap_settings(3)
+        two = chat_reply({"scores": [{"index": i, "score": 2} for i in range(5)]})
+        llm, _ = make_llm(settings, two, *summary_replies())
+        run(engine, settings, jobs=["importance", "user_cap"], llm=llm)
+        [summary] = summaries(engine)
+        restore_memory(engine, summary["id"], now=NOW + timedelta(hours=1))
+        assert get(engine, summary["id"])["status"] == "deleted"
+        for folded in (low, mid1, mid2):
+            row = get(engine, folded)
+            assert (row["status"], row["importance"], row["importance_assessed_at"]) == (
+                "active", 2, NOW)  # fmt: skip
+        assert execute(engine, "SELECT count(*) FROM gc_review_items").scalar_one() == 0
+
     def test_a_summary_the_user_edited_keeps_its_folded_rows_folded(self, engine, make_llm) -> None:
         """The application edited the summary after the run: restore leaves it on the read path
         (it is the user's text now) and the rows it folded stay deleted, not back beside it;
