@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from gc_worker.cli import Context, parse_now, parse_uuid, user_id_arg
+from gc_worker.render_text import printable
 
 
 def register(sub: Any) -> None:
@@ -67,7 +68,10 @@ def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
     request, run_id = erasure.forget(
         engine, ctx.settings, now=now, purge_now=args.purge_now, **target
     )
-    what = f"user {request.user_id}" if request.kind == "user" else f"memory {request.memory_id}"
+    # a user id from the store (`forget MEMORY_ID` files it for the memory's user) is shown,
+    # never obeyed: no terminal escape, no line break (render_text.printable)
+    user = printable(request.user_id)
+    what = f"user {user}" if request.kind == "user" else f"memory {request.memory_id}"
     if request.status == "completed" and request.created:  # no rows left: traces scrubbed
         gone = "no memories left" if request.kind == "user" else "no memories of its user left"
         print(
@@ -77,7 +81,7 @@ def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
         )
         return 0
     if request.status == "completed":
-        asked = target.get("user_id") or target.get("memory_id")
+        asked = printable(str(target.get("user_id") or target.get("memory_id")))
         print(
             f"{asked} was already erased by request {request.id} ({what}); nothing is left to "
             f"erase. `memory-gc verify-erasure {_verify_arg(request)}` checks for residues"
@@ -102,7 +106,7 @@ def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
 
 
 def _verify_arg(request: Any) -> str:
-    return request.user_id if request.kind == "user" else f"--memory {request.memory_id}"
+    return printable(request.user_id) if request.kind == "user" else f"--memory {request.memory_id}"
 
 
 def cmd_verify(args: argparse.Namespace, ctx: Context) -> int:
@@ -117,6 +121,6 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> int:
     )  # fmt: skip
     for residue in result.residues:
         print(f"residue: {residue.describe()}")
-    print(f"verify-erasure {result.target}: {len(result.residues)} residues "
+    print(f"verify-erasure {printable(result.target)}: {len(result.residues)} residues "
           f"({result.tables} tables, {result.columns} columns scanned)")  # fmt: skip
     return 0 if result.clean else 1

@@ -430,3 +430,19 @@ class TestTwoDaemonsAndTheListener:
         finally:
             listener.close()
             os.close(wake_r), os.close(wake_w)
+
+
+def test_forget_shows_a_stored_user_id_as_request_sweep_does(engine, cli_env, capsys):
+    """`forget MEMORY_ID` files the request for the memory's user, an id from the store,
+    and printed it raw (as the verify-erasure command it suggested, and verify-erasure's
+    summary line): the same terminal escape reached the operator."""
+    hostile = "eve\x1b]0;owned\x07\nnext"
+    memory = add(engine, hostile, "a memory")
+    assert cli.main(["forget", str(memory), "--purge-now"]) == 0
+    assert cli.main(["verify-erasure", "--memory", str(memory)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "for memory" in out and "verify-erasure --memory" in out
+    assert cli.main(["verify-erasure", hostile]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "user eve\ufffd]0;owned\ufffd next:" in out, out
