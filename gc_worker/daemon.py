@@ -19,6 +19,10 @@ died) and is resumed by the next upkeep.
 Stopping (SIGTERM, SIGINT): the current batch of each thread commits (or, still being planned
 before its transaction, is given up at its next model question), then work returns, a claimed
 sweep goes back to the queue, and ``serve`` returns.
+
+``Daemon`` is built of three parts: this module (the threads, the nightly run, orphans, health,
+taking part in a run), ``gc_worker.daemon_sweeps`` (serving the on-demand sweep queue) and
+``gc_worker.daemon_plans`` (applying the plans ``plan_then_apply`` made, once reviewed).
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ from gc_worker import batch_run, scheduler, sweeps
 from gc_worker.batch_run import WORKER_ID
 from gc_worker.claims import participating
 from gc_worker.config import Settings
+from gc_worker.daemon_plans import DuePlans
+from gc_worker.daemon_sweeps import SWEEP_TRIGGER, SweepServing
 from gc_worker.db import APPLICATION_NAME, describe_error, names_itself
-from gc_worker.engine import RunRequest, process_run, resolve_jobs, start_run
-from gc_worker.errors import NotFoundError, RunFailed
+from gc_worker.engine import process_run
+from gc_worker.errors import RunFailed
 from gc_worker.metrics import Metrics
 from gc_worker.queries import q
 from gc_worker.run_record import RESUMED_TRIGGERS, load_run, settings_of
@@ -54,7 +60,6 @@ log = structlog.get_logger("memory_gc")
 _DAEMONS = itertools.count(1)  # the daemons of this process, numbered (Daemon.worker_id)
 
 RESUMABLE = RESUMED_TRIGGERS
-SWEEP_TRIGGER = "sweep"
 UPKEEP_SECONDS = 30.0
 # While the sweep loop works a sweep, /healthz stays green as long as batches keep committing,
 # or model requests keep completing, at most this far apart (a batch of LLM calls can take
@@ -67,7 +72,7 @@ def system_clock() -> datetime:
     return datetime.now(UTC)
 
 
-class Daemon:
+class Daemon(DuePlans, SweepServing):
     """One replica's work; every public method is one unit a test (or ``--once-due``) can call."""
 
     def __init__(
@@ -183,61 +188,14 @@ class Daemon:
         log.info("gc.schedule.catching_up", slot=scheduler.slot_key(fire))
         return self.nightly()
 
-    def apply_due_plans(self) -> list[UUID]:
-        """plan_then_apply: apply every nightly plan whose review delay is over (not rejected),
-        except one too large to apply unattended (``scheduler.hold_if_large``): that one waits
-        for a person, and the erasures users asked for are carried out meanwhile."""
-        applied, failed, held = [], [], False
-        delay = self.settings.schedule.apply_delay_minutes
-        max_age = self.settings.plan_age_limit_hours  # this daemon's limit, as for the CLI
-        scheduler.reject_stale_plans(self.engine, max_age)
-        for plan_id in scheduler.due_plans(self.engine, self.clock(), delay):
-            if self.stopping():
-                break
-            if scheduler.hold_if_large(self.engine, plan_id, self.settings.schedule):
-                held = True
-                continue
-            with scheduler.apply_run_of(self.engine, plan_id, max_age_hours=max_age) as apply_id:
-                if apply_id is not None:
-                    try:
-                        self.work(apply_id)
-                    except RunFailed as exc:  # some batches failed: the other plans still apply
-                        failed.append(exc)
-                    applied.append(apply_id)
-        if held and not self.stopping():
-            self.erase_meanwhile()
-        if failed:
-            raise failed[0]
-        return applied
-
-    def erase_meanwhile(self) -> UUID | None:
-        """Apply the erasure job alone for the users with a pending erasure request: a held plan
-        carries their requests too, and a person may take days to look at it. Returns the run,
-        if there was anything to erase. The held plan's erasure actions then drift."""
-        if "erasure" not in resolve_jobs([], self.settings):
-            return None
-        users = scheduler.erasure_pending_users(self.engine)
-        if not users:
-            return None
-        request = RunRequest(
-            mode="apply", now=self.clock(), users=tuple(users), jobs=("erasure",),
-            trigger="erasure",
-        )  # fmt: skip
-        run_id = start_run(self.engine, self.settings, request)
-        log.info("gc.schedule.erasures_while_held", run_id=str(run_id), users=len(users))
-        self.work(run_id)
-        return run_id
-
     def resume_orphans(self) -> list[UUID]:
         """Join nightly runs left ``running`` by daemons that died; returns the runs joined.
         One nightly run at a time per daemon: while this daemon's nightly work is under way,
         orphans wait for a later upkeep. A run now too old (the apply of a plan `apply` would
         refuse, a run whose instant is as far behind) or made with settings this version
         refuses is closed, not finished (scheduler.close_unresumable). First, sweep runs a dying
-        daemon created but never recorded on their request are closed (sweeps)."""
-        lease = self.settings.run.lease_seconds
-        for run_id in sweeps.close_unrecorded_runs(self.engine, lease_seconds=lease):
-            self._count(self.metrics.run_finished, run_id)
+        daemon created but never recorded on their request are closed (daemon_sweeps)."""
+        self._close_unrecorded_sweeps()
         if not self._nightly.acquire(blocking=False):
             return []
         try:
@@ -257,24 +215,6 @@ class Daemon:
         if self._skipped_fire is not None:  # a firing came while the orphan held the lock
             self.nightly()
         return resumed
-
-    def sweep_next(self) -> bool:
-        """Serve the oldest on-demand sweep request; False when the queue is empty. A sweep that
-        failed counts as a failure of this unit and is still True: the requests after it are
-        served now, not at the next poll (or, for ``--once-due``, the next pass)."""
-        claim = sweeps.claim_sweep(
-            self.engine, worker=self.worker_id, lease_seconds=self.settings.run.lease_seconds
-        )
-        if claim is None:
-            return False
-        structlog.contextvars.bind_contextvars(sweep_id=claim.id, user_id=claim.user_id)
-        try:
-            self._serve_sweep(claim)
-        except Exception as exc:  # closed failed, or handed back: not claimable again at once
-            self._unit_failed("sweep_next", exc)
-        finally:
-            structlog.contextvars.unbind_contextvars("sweep_id", "user_id")
-        return True
 
     def upkeep(self) -> None:
         """The interval job: run a due slot that has no run (a slot has a deadline, the grace),
@@ -311,13 +251,6 @@ class Daemon:
             background.shutdown(wait=True)
             listener.close()
             log.info("gc.daemon.stopped", worker=self.worker_id)
-
-    def _sweep_step(self) -> bool:
-        self.sweeping = True
-        try:
-            return bool(self.attempt(self.sweep_next))
-        finally:
-            self.sweeping = False
 
     def work(self, run_id: UUID, *, on_progress: Callable[[], None] | None = None) -> bool:
         """Take part in a run until it has no pending batch (or we stop); True if completed
@@ -382,86 +315,6 @@ class Daemon:
 
         return should_stop
 
-    def _sweep_progressed(self) -> None:
-        """The sweep loop's unit of work moved on (what /healthz follows while it is inside
-        one; the nightly and upkeep threads' runs do not count: they cannot vouch for it)."""
-        self.last_progress = time.monotonic()
-
-    def _serve_sweep(self, claim: sweeps.SweepClaim) -> None:
-        if claim.attempts > sweeps.MAX_ATTEMPTS:
-            own = sweeps.own_run_status(self.engine, claim)
-            if own != "completed":  # (a holder that completed the run did the sweep: done)
-                self._give_up(claim, own)
-                return
-        lease = sweeps.Lease(
-            self.engine, claim.id, worker=self.worker_id, seconds=self.settings.run.lease_seconds
-        )
-
-        def progressed() -> None:  # a sign of life for /healthz and for the other replicas
-            self._sweep_progressed()
-            lease.renew()
-
-        try:
-            run_id = self._sweep_run(claim)
-            done = self.work(run_id, on_progress=progressed)
-        except NotFoundError as exc:  # the user has no memories (any more)
-            self._sweep_failed(
-                claim.id, sweeps.unknown_user_error(self.engine, claim.user_id, str(exc))
-            )
-            return
-        except Exception as exc:
-            if sweeps.lost_the_database(exc) and claim.attempts < sweeps.MAX_ATTEMPTS:
-                sweeps.release_sweep(
-                    self.engine, claim.id, worker=self.worker_id, attempt_counts=True
-                )
-            else:
-                self._sweep_failed(claim.id, describe_error(exc))
-            raise
-        with self.engine.connect() as conn:
-            status = load_run(conn, run_id)["status"]
-        if done or status == "completed":
-            if sweeps.finish_sweep(self.engine, claim.id, worker=self.worker_id):
-                self.metrics.sweeps.labels("done").inc()
-        elif self.stopping():
-            sweeps.release_sweep(self.engine, claim.id, worker=self.worker_id)
-        # else: another worker still holds the run's last batch (say a holder whose lease ran out
-        # before it joined the run); once the lease runs out, the next claimer finds the run
-        # completed and closes the request
-
-    def _sweep_run(self, claim: sweeps.SweepClaim) -> UUID:
-        """The run of a claimed sweep: the one an earlier daemon started for it (handed back at
-        a stop) unless it is too old to finish, else a new one (also when the run the request
-        names is not a sweep of its user and kind: an application may have named any)."""
-        status = sweeps.own_run_status(self.engine, claim)
-        if status == "completed" or (
-            status == "running"
-            and not scheduler.close_unresumable(
-                self.engine, claim.run_id, self.settings.plan_age_limit_hours, self.clock()
-            )
-        ):
-            return claim.run_id
-        request = RunRequest(
-            mode="dry_run" if claim.dry_run else "apply", now=self.clock(),
-            users=(claim.user_id,), jobs=resolve_jobs([], self.settings), trigger=SWEEP_TRIGGER,
-        )  # fmt: skip
-        run_id = start_run(self.engine, self.settings, request)
-        sweeps.attach_run(self.engine, claim.id, run_id)
-        return run_id
-
-    def _sweep_failed(self, request_id: int, error: str) -> None:
-        if sweeps.finish_sweep(self.engine, request_id, worker=self.worker_id, error=error):
-            self.metrics.sweeps.labels("failed").inc()
-
-    def _give_up(self, claim: sweeps.SweepClaim, own: str | None) -> None:
-        """Its daemons died MAX_ATTEMPTS times: fail the request, and the run they left (its
-        own, ``own`` its status: not one an application named)."""
-        error = f"gave up after {sweeps.MAX_ATTEMPTS} attempts"
-        self._sweep_failed(claim.id, error)
-        if own == "running" and sweeps.fail_abandoned_run(
-            self.engine, claim.run_id, error=f"sweep request {claim.id} {error}"
-        ):
-            self._count(self.metrics.run_finished, claim.run_id)
-
     def _orphaned_runs(self) -> list[UUID]:
         with self.engine.connect() as conn:
             candidates = list(
@@ -474,10 +327,6 @@ class Daemon:
                     orphans.append(run_id)
             conn.commit()
         return orphans
-
-    def count_pending_sweeps(self) -> None:
-        """The queue-length gauge."""
-        self.metrics.sweep_queue.set(sweeps.pending_count(self.engine))
 
     def attempt(self, unit: Callable[[], Any]) -> Any:
         """Run one unit; a failure is logged and counted, and the daemon carries on."""
