@@ -222,6 +222,12 @@ class Daemon(DuePlans, SweepServing):
         self.attempt(self.catch_up_slot)
         self.attempt(self.apply_due_plans)
         self.attempt(self.resume_orphans)
+        self.attempt(self.count_held_plans)
+
+    def count_held_plans(self) -> None:
+        """The held-plans gauge: a plan held for a person goes stale unapplied, and the store
+        with it, unless someone is told (schedule.hold_above_share)."""
+        self.metrics.plans_held.set(scheduler.held_plan_count(self.engine))
 
     def run_once(self) -> int:
         """Everything due now, in order, then return (``schedule --once-due``); failures count."""

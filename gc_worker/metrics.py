@@ -46,7 +46,7 @@ Health = Callable[[], tuple[bool, dict[str, Any]]]
 
 # The daemon's units of work (memory_gc_unit_failures_total{unit}).
 UNITS = ("nightly", "catch_up_slot", "apply_due_plans", "resume_orphans", "sweep_next",
-         "count_pending_sweeps")  # fmt: skip
+         "count_pending_sweeps", "count_held_plans")  # fmt: skip
 
 
 class Metrics:
@@ -87,6 +87,9 @@ class Metrics:
             "memory_gc_sweep_requests", "On-demand sweeps finished", ["status"], registry=r
         )
         self.sweep_queue = Gauge("memory_gc_sweep_requests_pending", "Sweeps waiting", registry=r)
+        self.plans_held = Gauge(
+            "memory_gc_plans_held", "Nightly plans waiting for a person (too large)", registry=r
+        )
         self.unit_failures = Counter(
             "memory_gc_unit_failures", "Units of work that failed", ["unit"], registry=r
         )

@@ -230,6 +230,12 @@ def hold_if_large(engine: Engine, plan_run_id: UUID, schedule: ScheduleSettings)
     return True
 
 
+def held_plan_count(engine: Engine) -> int:
+    """Nightly plans held for a person and still waiting (not applied, rejected or stale)."""
+    with engine.connect() as conn:
+        return conn.execute(q("held_plan_count")).scalar_one()
+
+
 def erasure_pending_users(engine: Engine) -> list[str]:
     """Users with a pending erasure request."""
     with engine.connect() as conn:

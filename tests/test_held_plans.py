@@ -119,6 +119,21 @@ class TestWhileHeld:
         assert [r["trigger"] for r in runs(engine)] == ["nightly"]
 
 
+def test_the_gauge_counts_held_plans_until_a_person_acts(engine, settings, make_daemon):
+    """Unattended, a held plan goes stale and the store is not cleaned: the daemon exports how
+    many wait (memory_gc_plans_held), so that someone can be told."""
+    seed(engine, users=4)
+    plan_id, due = night(engine, review(settings), make_daemon)
+
+    def held_gauge() -> float:
+        due.upkeep()
+        return due.metrics.plans_held._value.get()
+
+    assert held_gauge() == 1.0  # this upkeep held it
+    gc_engine.apply_plan(engine, plan_id)
+    assert held_gauge() == 0.0
+
+
 class TestCommands:
     def test_runs_shows_the_hold_and_apply_takes_it(
         self, engine, settings, make_daemon, cli_env, capsys

@@ -179,9 +179,10 @@ class TestMetricsEndpoint:
             daemon.engine = engine
         metrics = scrape(url + "/metrics")
         failures = "memory_gc_unit_failures_total"
-        for unit in ("nightly", "catch_up_slot", "apply_due_plans", "resume_orphans"):
+        upkeep = ("catch_up_slot", "apply_due_plans", "resume_orphans", "count_held_plans")
+        for unit in ("nightly", *upkeep):
             assert sample(metrics, failures, unit=unit) == 1, unit
-        assert daemon.failures == 4
+        assert daemon.failures == 5
 
 
 class TestHealth:

@@ -135,6 +135,12 @@ WHERE id = :run_id AND mode = 'dry_run' AND applied_by IS NULL AND held IS NULL
   AND status IN ('completed', 'failed')
 RETURNING id
 
+-- held_plan_count --
+-- Held plans still waiting for a person (the daemon's memory_gc_plans_held gauge).
+SELECT count(*) FROM gc_runs
+WHERE held IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL
+  AND status IN ('completed', 'failed')
+
 -- erasure_pending_users --
 -- Users with a pending erasure request.
 SELECT DISTINCT user_id FROM gc_erasure_requests WHERE status = 'pending' ORDER BY user_id
