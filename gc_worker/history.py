@@ -21,7 +21,10 @@ names memories, not runs). Of a pruned run, the audit rows still needed stay wit
 row (sql/history.sql ``history_prune_actions``): the link from a source to a record the worker
 made while any of them is stored or named (erasure follows it once lineage is gone), a
 retirement of a row still stored (the read rule reads its prior validity), a change still
-restorable, and the latest restorable change of a stored row.
+restorable, and the latest restorable change of a stored row. Before a run's first rows go,
+its report figures (totals, job counters, LLM usage, failed batches) are kept on its gc_runs
+row (gc_worker.report ``recorded_figures``), so that its report says it was pruned and still
+shows the whole run's figures.
 
 Emits ``gc.history.pruned`` (runs, actions, batches, spend, kept_actions, kept_runs,
 busy_runs, dry_run), ``gc.history.busy`` per run left, ``gc.history.skipped`` when another
@@ -31,6 +34,7 @@ its nightly run) call it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -41,6 +45,7 @@ import structlog
 from sqlalchemy import Connection
 from sqlalchemy.engine import Engine
 
+from gc_worker import report
 from gc_worker.config import Settings
 from gc_worker.db import translated_errors
 from gc_worker.errors import WriteConflict
@@ -130,6 +135,8 @@ def _prune_runs(
 def _prune_run(conn: Connection, run_id: UUID, result: PruneResult, limit: int) -> int:
     """The run's audit, batches and spend, slice by slice; how many audit rows stayed."""
     apply = not result.dry_run
+    if apply:
+        _record_figures(conn, run_id)
     after, kept = dict(_FIRST), 0
     while True:
         row = _slice(conn, run_id, "history_prune_actions",
@@ -150,6 +157,22 @@ def _prune_run(conn: Connection, run_id: UUID, result: PruneResult, limit: int) 
         last = row.last
     result.spend += _slice(conn, run_id, "history_prune_spend", {"apply": apply}, apply).found
     return kept
+
+
+def _record_figures(conn: Connection, run_id: UUID) -> None:
+    """Before anything of the run goes, keep its report's figures on its gc_runs row (once):
+    a report of what is left then shows the whole run's totals and says it was pruned."""
+    try:
+        with translated_errors(), conn.begin():
+            conn.execute(q("history_lock_timeout"))
+            if conn.execute(q("history_lock_run"), {"run_id": run_id}).first() is None:
+                raise _Busy
+            if conn.execute(q("history_figures_recorded"), {"run_id": run_id}).scalar():
+                return
+            figures = json.dumps(report.recorded_figures(conn, run_id))
+            conn.execute(q("history_record_figures"), {"run_id": run_id, "figures": figures})
+    except WriteConflict:
+        raise _Busy from None
 
 
 def _slice(conn: Connection, run_id: UUID, name: str, params: dict[str, Any], apply: bool) -> Any:

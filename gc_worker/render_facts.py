@@ -59,7 +59,24 @@ def _header_rows(report: Report) -> list[tuple[str, Any]]:
         ("Users", Stored(_limited(scope.get("users"), 10)) if scope.get("users") else "all"),
         ("Jobs", ", ".join(scope.get("jobs") or []) or "—"),
         *([("Score pass", _score_pass(report["score_pass"]))] if report.get("score_pass") else []),
+        *([("History", _pruned(report["history_pruned"]))] if report.get("history_pruned") else []),
     ]
+
+
+def _pruned(pruned: Mapping[str, Any]) -> str:
+    """What `prune-history` left of the run (gc_worker.report ``history_pruned``)."""
+    listed = pruned.get("actions_listed") or 0
+    if pruned.get("actions_recorded") is None:
+        return (
+            f"pruned: only the {listed:,} audit row(s) still needed are left; the totals, job "
+            "counters, per-user counts and LLM usage shown cover those only, not the whole run"
+        )
+    return (
+        f"pruned {pruned.get('pruned_at') or ''}: {listed:,} of {pruned['actions_recorded']:,} "
+        "actions still listed (the rest of the audit is gone); totals, job counters and LLM "
+        "usage are the whole run's, as recorded; per-user counts, reasons, samples and drifted "
+        "rows cover the listed ones only"
+    ).replace("pruned :", "pruned:")
 
 
 def _score_pass(score_pass: Mapping[str, Any]) -> str:

@@ -58,7 +58,7 @@ def build_report(
         by_action[row.action] += 1
         if actions:
             listed.append(_action_entry(row))
-    return {
+    report = {
         "report_version": REPORT_VERSION,
         "run_id": str(run["id"]),
         # report_version 1 knows two modes: a restore run applies changes ("kind" says which)
@@ -93,7 +93,45 @@ def build_report(
         # what `restore --run` would still undo, and what a restore already undid
         "restorable": restorable,
         "restored": restored,
+        "history_pruned": None,
     }
+    return _pruned(conn, run, report)
+
+
+FIGURES = ("totals", "jobs", "llm", "failed_batches")
+
+
+def recorded_figures(conn: Connection, run_id: UUID) -> dict[str, Any]:
+    """What gc_worker.history keeps of a run before pruning it: the figures of its report that
+    its batches and audit rows carry (totals, job counters, LLM usage, failed batches, drifted
+    count)."""
+    full = build_report(conn, run_id, actions=False)
+    return {**{key: full[key] for key in FIGURES}, "drifted": len(full["drifted"])}
+
+
+def _pruned(conn: Connection, run: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """A run `prune-history` took rows of says so (``history_pruned``): its figures as recorded
+    before the prune, and how many of its actions are still listed; one pruned by a version
+    that recorded nothing (no batch rows left, audit rows left) says its figures are partial."""
+    listed = report["totals"]["actions"]
+    recorded = (run.get("llm") or {}).get("history")
+    if recorded:
+        report.update({key: recorded[key] for key in FIGURES if key in recorded})
+        report["history_pruned"] = {
+            "pruned_at": recorded.get("pruned_at"),
+            "actions_recorded": report["totals"]["actions"],
+            "actions_listed": listed,
+        }
+    elif (
+        run["mode"] != "restore"
+        and run["status"] != "running"
+        and (listed or report["drifted"])
+        and not conn.execute(q("run_batch_count"), {"run_id": run["id"]}).scalar()
+    ):
+        report["history_pruned"] = {
+            "pruned_at": None, "actions_recorded": None, "actions_listed": listed
+        }  # fmt: skip
+    return report
 
 
 # what `restore --run` undoes (sql/restore.sql restorable_actions): never an erasure

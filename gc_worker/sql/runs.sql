@@ -240,3 +240,7 @@ SELECT coalesce(array_agg(DISTINCT CAST(CAST(CAST(objid AS bigint) AS bit(32)) A
 FROM pg_locks
 WHERE locktype = 'advisory' AND classid = 4242001 AND objsubid = 2 AND granted
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+
+-- run_batch_count --
+-- How many batch rows a run has (none once prune-history took them, gc_worker.report).
+SELECT count(*) FROM gc_run_batches WHERE run_id = :run_id

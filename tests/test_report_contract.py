@@ -1,0 +1,89 @@
+"""The run report as a contract (DESIGN.md section 5): totals agree with the job counters and
+the listed actions for every kind of run, and a run whose audit `prune-history` partly removed
+says so instead of presenting what is left as the whole run (cases a review reproduced; each
+failed before its fix)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from gc_worker import history, render
+from gc_worker.cli import main
+from gc_worker.report import build_report
+from tests.store import add, days_ago, execute, run
+
+RETENTION = timedelta(days=400)
+
+
+def report_of(engine: Any, run_id: Any) -> dict[str, Any]:
+    with engine.connect() as conn:
+        return build_report(conn, UUID(str(run_id)), plan_age_limit_hours=72)
+
+
+def pruned_run(engine: Any, settings: Any) -> tuple[str, dict[str, Any]]:
+    """A run that soft-deleted three expired rows of u1; the application then deleted two of
+    them physically, so a prune keeps only the audit row of the one still soft-deleted. Returns
+    the run id and its report before the prune."""
+    rows = [add(engine, "u1", f"expired {i}", expires_at=days_ago(1)) for i in range(3)]
+    report = run(engine, settings, jobs=["ttl_expiry"])
+    execute(engine, "DELETE FROM memories WHERE id = ANY(:ids)", ids=rows[:2])
+    at = datetime.now(UTC) - RETENTION - timedelta(days=1)
+    execute(engine, "UPDATE gc_runs SET started_at = :t, finished_at = :t", t=at)
+    return report["run_id"], report
+
+
+class TestPrunedRun:
+    def test_a_pruned_run_says_so_and_keeps_its_recorded_totals(self, engine, settings):
+        """After `prune-history` kept one of the run's three audit rows, its report showed
+        totals of 1 soft_delete, job counters of 1 and nothing saying two rows were gone: a
+        partial figure presented as the whole run."""
+        run_id, before = pruned_run(engine, settings)
+        assert before["totals"] == {"actions": 3, "by_action": {"soft_delete": 3}}
+        result = history.prune(engine, settings, now=datetime.now(UTC))
+        assert (result.actions, result.kept_actions) == (2, 1)
+        after = report_of(engine, run_id)
+        assert len(after["actions"]) == 1
+        assert after["history_pruned"]["actions_recorded"] == 3
+        assert after["history_pruned"]["actions_listed"] == 1
+        assert after["totals"] == before["totals"]
+        assert after["jobs"]["ttl_expiry"]["actions"] == 3
+        assert after["llm"] == before["llm"]
+        for fmt in ("md", "html"):
+            text = render.render(after, fmt)
+            assert "pruned" in text and "1 of 3" in text, fmt
+
+    def test_a_second_prune_keeps_the_figures_of_the_first(self, engine, settings):
+        """The figures are recorded once, before anything goes: a later prune (of what is
+        left) does not overwrite them with the partial ones."""
+        run_id, before = pruned_run(engine, settings)
+        history.prune(engine, settings, now=datetime.now(UTC))
+        history.prune(engine, settings, now=datetime.now(UTC))
+        assert report_of(engine, run_id)["totals"] == before["totals"]
+
+    def test_a_dry_prune_records_nothing(self, engine, settings):
+        """`prune-history --dry-run` deletes nothing, so the report stays unmarked."""
+        run_id, before = pruned_run(engine, settings)
+        history.prune(engine, settings, now=datetime.now(UTC), dry_run=True)
+        after = report_of(engine, run_id)
+        assert after["history_pruned"] is None and after["totals"] == before["totals"]
+
+    def test_an_unpruned_report_is_not_marked(self, engine, settings):
+        run_id, _ = pruned_run(engine, settings)
+        assert report_of(engine, run_id)["history_pruned"] is None
+
+    def test_a_run_pruned_before_figures_were_recorded_says_its_figures_are_partial(
+        self, engine, settings, cli_env, capsys
+    ):
+        """A run pruned by an earlier version (no figures recorded; its batch rows gone, audit
+        rows left) is still marked: what is left is not the whole run."""
+        run_id, _ = pruned_run(engine, settings)
+        history.prune(engine, settings, now=datetime.now(UTC))
+        execute(engine, "UPDATE gc_runs SET llm = '{}'")  # as an earlier prune left it
+        after = report_of(engine, run_id)
+        assert after["history_pruned"] == {
+            "pruned_at": None, "actions_recorded": None, "actions_listed": 1
+        }  # fmt: skip
+        assert main(["report", run_id, "--format", "md"]) == 0
+        assert "pruned" in capsys.readouterr().out
