@@ -18,6 +18,7 @@ from gc_worker.render_text import (
     _details_text,
     _id_list,
     _limited,
+    _more_note,
     _preview,
     _short_id,
     _stored,
@@ -60,7 +61,22 @@ def _header_rows(report: Report) -> list[tuple[str, Any]]:
         ("Jobs", ", ".join(scope.get("jobs") or []) or "—"),
         *([("Score pass", _score_pass(report["score_pass"]))] if report.get("score_pass") else []),
         *([("History", _pruned(report["history_pruned"]))] if report.get("history_pruned") else []),
+        *([("Error", Stored(report["error"]))] if report.get("error") else []),
+        *([("Failed batches", _failed(report["failed_batches"]))] if report.get("failed_batches")
+          else []),
+    ]  # fmt: skip
+
+
+def _failed(batches: list[Mapping[str, Any]]) -> Stored:
+    """The failed batches and the users each left as they were (the JSON's failed_batches),
+    e.g. "batch 1 (1 users: user-1)"."""
+    shown = [
+        f"batch {b.get('batch_no')} ({len(b.get('users') or ())} users: "
+        f"{_limited(b.get('users') or (), 10)})"
+        for b in batches[:DEFERRED_GROUPS]
     ]
+    more = _more_note(max(0, len(batches) - DEFERRED_GROUPS), "batches")
+    return Stored("; ".join([*shown, *([more] if more else [])]))
 
 
 def _pruned(pruned: Mapping[str, Any]) -> str:

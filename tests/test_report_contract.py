@@ -9,10 +9,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import jobs.ttl_expiry as ttl
 from gc_worker import history, render
 from gc_worker.cli import main
 from gc_worker.report import build_report
-from tests.store import add, days_ago, execute, run
+from tests.store import NOW, add, days_ago, execute, run
+from tests.test_lifecycle_failures import failing_for, seed_users
 
 RETENTION = timedelta(days=400)
 
@@ -87,3 +89,34 @@ class TestPrunedRun:
         }  # fmt: skip
         assert main(["report", run_id, "--format", "md"]) == 0
         assert "pruned" in capsys.readouterr().out
+
+
+class TestFailedRunSaysWhy:
+    def test_a_dry_run_with_a_failed_batch_names_its_error_and_users(
+        self, engine, cli_env, capsys, monkeypatch
+    ):
+        """The JSON of a dry run whose batch failed has `error` and `failed_batches` (which
+        users were left, and why); its Markdown and HTML said only "1 batch(es) failed": not
+        which users, nor the error a person needs to act on."""
+        seed_users(engine)
+        monkeypatch.setenv("MEMORY_GC_RUN__BATCH_USERS", "1")
+        monkeypatch.setattr(ttl, "plan", failing_for("user-1"))
+        assert main(["run", "--dry-run", "--now", NOW.isoformat()]) == 1
+        run_id = capsys.readouterr().out.split("run ", 1)[1].split(" ", 1)[0]
+        report = report_of(engine, run_id)
+        [failed] = report["failed_batches"]
+        assert failed["users"] == ["user-1"] and "cannot handle a row" in report["error"]
+        for fmt in ("md", "html"):
+            text = render.render(report, fmt)
+            assert "cannot handle a row of user" in text, fmt
+            assert "Failed batches" in text and "user" in text.split("Failed batches", 1)[1], fmt
+
+    def test_a_failed_run_without_failed_batches_shows_its_error(self, engine, settings):
+        """A run that failed as a whole (no batch to blame: a stop, a lost database, a plan
+        that could not start) showed "Not complete — failed." and never its error."""
+        run_id, _ = pruned_run(engine, settings)
+        execute(engine, "UPDATE gc_runs SET status = 'failed', error = 'lost the database'")
+        report = report_of(engine, run_id)
+        assert report["failed_batches"] == []
+        for fmt in ("md", "html"):
+            assert "lost the database" in render.render(report, fmt), fmt
