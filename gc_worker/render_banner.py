@@ -146,10 +146,21 @@ def _applied_banner(report: Report) -> Banner:
             "Applied, then restored." if undone else "Applied.",
             "A restore undid what it could; nothing of it is left to undo."
             if undone
-            else "Nothing it did can be undone (purges and erasures are not).",
+            else _nothing_to_undo(report),
         )
     return (
         "applied",
         "Applied.",
         f"To undo while the rows still exist: `memory-gc restore --run {run_id}`",
     )
+
+
+def _nothing_to_undo(report: Report) -> str:
+    """Why a completed run has nothing left to undo: its history was pruned (the audit a
+    restore reads is gone), or what it did is never undone."""
+    if report.get("history_pruned"):
+        return (
+            "Its history was pruned (prune-history): the audit a restore would read is gone, "
+            "so nothing of it is left to undo."
+        )
+    return "Nothing it did can be undone (purges and erasures are not)."

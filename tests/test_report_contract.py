@@ -12,6 +12,7 @@ from uuid import UUID
 import jobs.ttl_expiry as ttl
 from gc_worker import history, render
 from gc_worker.cli import main
+from gc_worker.render_banner import banner
 from gc_worker.report import build_report
 from tests.store import NOW, add, days_ago, execute, run
 from tests.test_lifecycle_failures import failing_for, seed_users
@@ -120,3 +121,20 @@ class TestFailedRunSaysWhy:
         assert report["failed_batches"] == []
         for fmt in ("md", "html"):
             assert "lost the database" in render.render(report, fmt), fmt
+
+
+class TestPrunedBanner:
+    def test_a_pruned_run_with_nothing_left_to_undo_does_not_blame_purges(self, engine, settings):
+        """A run whose row a completed erasure request keeps, all its audit pruned: the
+        banner said "Nothing it did can be undone (purges and erasures are not)" above totals
+        of soft deletes, which a restore would have undone before the prune."""
+        run_id, _ = pruned_run(engine, settings)
+        execute(engine, "DELETE FROM memories")
+        execute(engine, "INSERT INTO gc_erasure_requests (kind, user_id, status, run_id)"
+                " VALUES ('user', 'u1', 'completed', :id)", id=UUID(run_id))  # fmt: skip
+        history.prune(engine, settings, now=datetime.now(UTC))
+        report = report_of(engine, run_id)
+        assert report["history_pruned"]["actions_listed"] == 0
+        assert report["totals"]["by_action"] == {"soft_delete": 3}
+        _, _, rest = banner(report)
+        assert "purges and erasures" not in rest and "pruned" in rest
