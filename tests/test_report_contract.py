@@ -5,16 +5,19 @@ failed before its fix)."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import jobs.ttl_expiry as ttl
+from gc_worker import engine as gc_engine
 from gc_worker import history, render
 from gc_worker.cli import main
 from gc_worker.render_banner import banner
 from gc_worker.report import build_report
 from tests.store import NOW, add, days_ago, execute, run
+from tests.test_compaction import E0, at_similarity
 from tests.test_lifecycle_failures import failing_for, seed_users
 
 RETENTION = timedelta(days=400)
@@ -107,6 +110,7 @@ class TestFailedRunSaysWhy:
         report = report_of(engine, run_id)
         [failed] = report["failed_batches"]
         assert failed["users"] == ["user-1"] and "cannot handle a row" in report["error"]
+        consistent(report)
         for fmt in ("md", "html"):
             text = render.render(report, fmt)
             assert "cannot handle a row of user" in text, fmt
@@ -138,3 +142,46 @@ class TestPrunedBanner:
         assert report["totals"]["by_action"] == {"soft_delete": 3}
         _, _, rest = banner(report)
         assert "purges and erasures" not in rest and "pruned" in rest
+
+
+def consistent(report: dict[str, Any]) -> None:
+    """DESIGN.md section 5: the totals are the sum of the job counters, of the per-user counts
+    and of the listed actions; the fields are there with their types; rendering is pure."""
+    for key, kind in [("report_version", int), ("run_id", str), ("mode", str), ("now", str),
+                      ("started_at", str), ("scope", dict), ("totals", dict), ("jobs", dict),
+                      ("actions", list), ("llm", dict)]:  # fmt: skip
+        assert isinstance(report[key], kind), key
+    assert report["mode"] in ("dry_run", "apply")
+    totals = report["totals"]
+    assert totals["actions"] == sum(totals["by_action"].values()) == len(report["actions"])
+    assert totals["actions"] == sum(j["actions"] for j in report["jobs"].values())
+    assert totals["actions"] == sum(u["actions"] for u in report["per_user"].values())
+    by_job: dict[str, int] = {}
+    for job in report["jobs"].values():
+        for action, n in job["by_action"].items():
+            by_job[action] = by_job.get(action, 0) + n
+    assert by_job == totals["by_action"]
+    for job in report["jobs"].values():
+        assert {"actions", "by_action", "skipped", "errors", "llm_calls"} <= job.keys()
+    assert set(report["llm"]) == {"calls", "input_tokens", "output_tokens", "cache_hits"}
+    for fmt in ("json", "md", "html"):
+        assert render.render(report, fmt) == render.render(report, fmt)
+
+
+class TestEveryKindOfRunAddsUp:
+    def test_plan_apply_restore_erasure_and_deferred_groups(self, engine, settings, cli_env,
+                                                            capsys):  # fmt: skip
+        for user in ("u1", "u2"):
+            add(engine, user, f"expired {user}", expires_at=days_ago(1))
+        add(engine, "u1", "a", created_at=days_ago(3), embedding=E0)  # offline: deferred
+        add(engine, "u1", "b", created_at=days_ago(2), embedding=at_similarity(0.99))
+        plan = run(engine, settings, dry_run=True)
+        assert plan["totals"]["by_action"].get("deferred")
+        applied = gc_engine.apply_plan(engine, UUID(plan["run_id"]))
+        assert main(["restore", "--run", str(applied)]) == 0
+        restored = capsys.readouterr().out.split("restore run ", 1)[1].split(":", 1)[0]
+        assert main(["forget-user", "u2", "--purge-now", "--now", NOW.isoformat()]) == 0
+        erased = re.findall(r"run ([0-9a-f-]{36})", capsys.readouterr().out)[-1]
+        for run_id in (plan["run_id"], applied, restored, erased):
+            consistent(report_of(engine, run_id))
+        assert report_of(engine, restored)["kind"] == "restore"
