@@ -106,7 +106,11 @@ def recorded_figures(conn: Connection, run_id: UUID) -> dict[str, Any]:
     its batches and audit rows carry (totals, job counters, LLM usage, failed batches, drifted
     count)."""
     full = build_report(conn, run_id, actions=False)
-    return {**{key: full[key] for key in FIGURES}, "drifted": len(full["drifted"])}
+    figures = {**{key: full[key] for key in FIGURES}, "drifted": len(full["drifted"])}
+    # a failed batch's error may name a memory: kept here, no erasure's scrub would reach it
+    # (the run's own error stays in gc_runs.error, which the scrub does reach)
+    figures["failed_batches"] = [{**b, "error": None} for b in figures["failed_batches"]]
+    return figures
 
 
 def _pruned(conn: Connection, run: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +118,7 @@ def _pruned(conn: Connection, run: dict[str, Any], report: dict[str, Any]) -> di
     before the prune, and how many of its actions are still listed; one pruned by a version
     that recorded nothing (no batch rows left, audit rows left) says its figures are partial."""
     listed = report["totals"]["actions"]
-    recorded = (run.get("llm") or {}).get("history")
+    recorded = run.get("pruned_figures")
     if recorded:
         report.update({key: recorded[key] for key in FIGURES if key in recorded})
         report["history_pruned"] = {

@@ -10,10 +10,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import pytest
+
 import jobs.ttl_expiry as ttl
 from gc_worker import engine as gc_engine
 from gc_worker import history, render
 from gc_worker.cli import main
+from gc_worker.errors import RunFailed
 from gc_worker.render_banner import banner
 from gc_worker.report import build_report
 from tests.store import NOW, add, days_ago, execute, run
@@ -86,13 +89,35 @@ class TestPrunedRun:
         rows left) is still marked: what is left is not the whole run."""
         run_id, _ = pruned_run(engine, settings)
         history.prune(engine, settings, now=datetime.now(UTC))
-        execute(engine, "UPDATE gc_runs SET llm = '{}'")  # as an earlier prune left it
+        execute(engine, "UPDATE gc_runs SET pruned_figures = NULL")  # as an earlier prune left it
         after = report_of(engine, run_id)
         assert after["history_pruned"] == {
             "pruned_at": None, "actions_recorded": None, "actions_listed": 1
         }  # fmt: skip
         assert main(["report", run_id, "--format", "md"]) == 0
         assert "pruned" in capsys.readouterr().out
+
+
+def test_the_figures_kept_for_a_pruned_run_hold_no_batch_error(engine, settings, monkeypatch):
+    """A failed batch's error may name a memory (a trigger's message naming NEW.id); kept in
+    gc_runs.pruned_figures, no erasure's scrub would reach it. The batch and its users are
+    kept; its error is not (the run's own error stays, where the scrub reaches it)."""
+    from gc_worker.report import recorded_figures
+
+    seed_users(engine)
+    monkeypatch.setattr(ttl, "plan", failing_for("user-1"))
+    batched = settings.model_copy(
+        update={"run": settings.run.model_copy(update={"batch_users": 1})}
+    )
+    with pytest.raises(RunFailed) as failed_run:
+        gc_engine.run_once(engine, batched, gc_engine.RunRequest(
+            mode="dry_run", now=NOW, jobs=("ttl_expiry",)))  # fmt: skip
+    run_id = str(failed_run.value).split("run ", 1)[1].split(":", 1)[0]
+    with engine.connect() as conn:
+        [failed] = build_report(conn, run_id)["failed_batches"]
+        assert "cannot handle a row" in failed["error"]
+        [kept] = recorded_figures(conn, run_id)["failed_batches"]
+    assert kept == {**failed, "error": None}
 
 
 class TestFailedRunSaysWhy:

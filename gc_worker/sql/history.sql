@@ -133,15 +133,14 @@ SELECT EXISTS (SELECT 1 FROM gc_actions WHERE run_id = :run_id)
 DELETE FROM gc_runs WHERE id = :run_id RETURNING id
 
 -- history_figures_recorded --
--- Whether a prune already recorded the run's figures (gc_runs.llm, key 'history').
-SELECT llm ? 'history' FROM gc_runs WHERE id = :run_id
+-- Whether a prune already recorded the run's figures (gc_runs.pruned_figures, migration 0016).
+SELECT pruned_figures IS NOT NULL FROM gc_runs WHERE id = :run_id
 
 -- history_record_figures --
 -- The run's report figures as they were before its first prune (totals, job counters, LLM
--- usage, failed batches, drifted count), kept in gc_runs.llm (a jsonb column nothing else
--- writes) under 'history': its batches and most of its audit rows go, the report still shows
--- the whole run's figures and says that the listed actions are what is left. Written once.
+-- usage, failed batches, drifted count): its batches and most of its audit rows go, the report
+-- still shows the whole run's figures and says that the listed actions are what is left.
+-- Written once.
 UPDATE gc_runs
-SET llm = llm || jsonb_build_object(
-        'history', CAST(:figures AS jsonb) || jsonb_build_object('pruned_at', clock_timestamp()))
-WHERE id = :run_id AND NOT (llm ? 'history')
+SET pruned_figures = CAST(:figures AS jsonb) || jsonb_build_object('pruned_at', clock_timestamp())
+WHERE id = :run_id AND pruned_figures IS NULL
