@@ -39,7 +39,7 @@ class DuePlans:
         """plan_then_apply: apply every nightly plan whose review delay is over (not rejected),
         except one too large to apply unattended (``scheduler.hold_if_large``): that one waits
         for a person, and the erasures users asked for are carried out meanwhile."""
-        applied, failed, held = [], [], False
+        applied, failed = [], []
         delay = self.settings.schedule.apply_delay_minutes
         max_age = self.settings.plan_age_limit_hours  # this daemon's limit, as for the CLI
         scheduler.reject_stale_plans(self.engine, max_age)
@@ -47,7 +47,6 @@ class DuePlans:
             if self.stopping():
                 break
             if scheduler.hold_if_large(self.engine, plan_id, self.settings.schedule):
-                held = True
                 continue
             with scheduler.apply_run_of(self.engine, plan_id, max_age_hours=max_age) as apply_id:
                 if apply_id is not None:
@@ -56,16 +55,19 @@ class DuePlans:
                     except RunFailed as exc:  # some batches failed: the other plans still apply
                         failed.append(exc)
                     applied.append(apply_id)
-        if held and not self.stopping():
+        # a plan held at this pass or an earlier one (by any replica, which may have stopped
+        # before erasing): requests filed since are not left waiting for the person either
+        if not self.stopping() and scheduler.held_plan_count(self.engine):
             self.erase_meanwhile()
         if failed:
             raise failed[0]
         return applied
 
     def erase_meanwhile(self) -> UUID | None:
-        """Apply the erasure job alone for the users with a pending erasure request: a held plan
-        carries their requests too, and a person may take days to look at it. Returns the run,
-        if there was anything to erase. The held plan's erasure actions then drift."""
+        """Apply the erasure job alone for the users with a pending erasure request no erasure
+        run tried yet: a held plan carries their requests too, and a person may take days to
+        look at it. Returns the run, if there was anything to erase. The held plan's erasure
+        actions then drift."""
         if "erasure" not in resolve_jobs([], self.settings):
             return None
         users = scheduler.erasure_pending_users(self.engine)

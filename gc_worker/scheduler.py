@@ -237,7 +237,7 @@ def held_plan_count(engine: Engine) -> int:
 
 
 def erasure_pending_users(engine: Engine) -> list[str]:
-    """Users with a pending erasure request."""
+    """Users with a pending erasure request no erasure run has tried since it was filed."""
     with engine.connect() as conn:
         return list(conn.execute(q("erasure_pending_users")).scalars())
 

@@ -112,6 +112,46 @@ class TestWhileHeld:
         ).scalar()  # fmt: skip
         assert drifted > 0
 
+    def test_a_request_filed_after_the_hold_is_carried_out_too(self, engine, settings, make_daemon):
+        """The plan was held at an earlier pass (or by a replica that stopped before erasing):
+        a pending request does not wait for the person either."""
+        seed(engine, users=4)
+        _, due = night(engine, review(settings), make_daemon)
+        assert due.apply_due_plans() == []  # held, nothing to erase yet
+        request, _ = erasure.forget(engine, settings, now=SLOT, user_id="user-000")
+        assert due.apply_due_plans() == []
+        done = execute(engine, "SELECT status FROM gc_erasure_requests WHERE id = :id",
+                       id=request.id).scalar()  # fmt: skip
+        assert done == "completed"
+        assert runs(engine)[0]["held"] is not None and runs(engine)[0]["applied_by"] is None
+
+    def test_a_replica_that_held_and_stopped_leaves_the_erasures_to_the_next_pass(
+        self, engine, settings, make_daemon
+    ):
+        seed(engine, users=4)
+        request, _ = erasure.forget(engine, settings, now=SLOT, user_id="user-000")
+        plan_id, due = night(engine, review(settings), make_daemon)
+        assert scheduler.hold_if_large(engine, plan_id, review(settings).schedule)  # then died
+        due.apply_due_plans()
+        done = execute(engine, "SELECT status FROM gc_erasure_requests WHERE id = :id",
+                       id=request.id).scalar()  # fmt: skip
+        assert done == "completed"
+
+    def test_a_request_that_stays_pending_is_not_tried_at_every_pass(
+        self, engine, settings, make_daemon
+    ):
+        """A request the erasure run leaves pending (misfiled: the memory is another user's)
+        waits for the next night, not a new run every upkeep."""
+        seed(engine, users=4)
+        execute(engine, "INSERT INTO gc_erasure_requests (kind, user_id, memory_id)"
+                " SELECT 'memory', 'user-000', id FROM memories WHERE user_id = 'user-001'"
+                " LIMIT 1")  # fmt: skip
+        _, due = night(engine, review(settings), make_daemon)
+        for _ in range(3):
+            due.apply_due_plans()
+        erasing = [r for r in runs(engine) if r["trigger"] == "erasure"]
+        assert len(erasing) == 1
+
     def test_no_erasure_run_without_a_pending_request(self, engine, settings, make_daemon):
         seed(engine, users=4)
         _, due = night(engine, review(settings), make_daemon)

@@ -142,8 +142,16 @@ WHERE held IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL
   AND status IN ('completed', 'failed')
 
 -- erasure_pending_users --
--- Users with a pending erasure request.
-SELECT DISTINCT user_id FROM gc_erasure_requests WHERE status = 'pending' ORDER BY user_id
+-- Users with a pending erasure request that no erasure run started since it was filed has
+-- tried (one that ended: a run a stopped daemon left running tried nothing). A request such a
+-- run left pending (drifted, misfiled) waits for the next night, not a run at every upkeep.
+SELECT DISTINCT e.user_id FROM gc_erasure_requests e
+WHERE e.status = 'pending'
+  AND NOT EXISTS (SELECT 1 FROM gc_runs r
+                  WHERE r.trigger = 'erasure' AND r.mode = 'apply'
+                    AND r.status IN ('completed', 'failed') AND r.started_at >= e.requested_at
+                    AND (r.users IS NULL OR e.user_id = ANY(r.users)))
+ORDER BY e.user_id
 
 -- reject_stale_plans --
 -- Nightly plans older than run.max_plan_age_hours that nobody applied: never to be applied.
