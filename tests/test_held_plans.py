@@ -69,6 +69,18 @@ class TestHold:
             {"active"} if held else {"deleted"}
         )
 
+    def test_rows_gone_since_the_plan_do_not_count(self, engine, settings, make_daemon):
+        """The plan retires 4 rows; the application deleted 5 (one of them planned) before it
+        fell due: 3 of the 3 active rows are retired, not "4 of 3", and 1.0 still never holds."""
+        seed(engine, users=4)
+        _, due = night(engine, review(settings, 1.0, 0), make_daemon)
+        execute(engine, "DELETE FROM memories WHERE content = 'fresh'"
+                " OR id = (SELECT min(CAST(id AS text))::uuid FROM memories"
+                "          WHERE content = 'expired')")  # fmt: skip
+        assert len(due.apply_due_plans()) == 1
+        assert runs(engine)[0]["held"] is None
+        assert {status(engine, i) for i in expired_ids(engine)} == {"deleted"}
+
     def test_an_erasures_retirements_do_not_count(self, engine, settings, make_daemon):
         """A user asked for them: a plan whose retirements are mostly an erasure's is applied."""
         seed(engine, users=4)

@@ -121,10 +121,13 @@ ORDER BY finished_at
 
 -- plan_size --
 -- How many active memories the plan retires (soft delete, obsolete, merge; an erasure's are not
--- counted: a user asked for them), and how many memories are active now.
-SELECT (SELECT count(DISTINCT memory_id) FROM gc_actions
-        WHERE run_id = :run_id AND outcome = 'planned' AND job <> 'erasure'
-          AND action IN ('soft_delete', 'obsolete', 'merge')) AS retiring,
+-- counted: a user asked for them), and how many memories are active now. A row the plan names
+-- that is gone or no longer active is not counted: applied, it would drift (and the share could
+-- pass 1, holding a plan although hold_above_share = 1 never holds).
+SELECT (SELECT count(DISTINCT a.memory_id) FROM gc_actions a
+        JOIN memories m ON m.id = a.memory_id AND m.status = 'active'
+        WHERE a.run_id = :run_id AND a.outcome = 'planned' AND a.job <> 'erasure'
+          AND a.action IN ('soft_delete', 'obsolete', 'merge')) AS retiring,
        (SELECT count(*) FROM memories WHERE status = 'active') AS active
 
 -- hold_plan --
