@@ -19,7 +19,7 @@ from gc_worker.claims import participating
 from gc_worker.db import transaction
 from gc_worker.errors import UsageError
 from gc_worker.queries import q
-from gc_worker.run_record import load_run, pending_batches, settings_of
+from gc_worker.run_record import APPLY_TRIGGER, load_run, pending_batches, settings_of
 
 log = structlog.get_logger("memory_gc")
 
@@ -52,6 +52,9 @@ def start_apply(
         if plan["mode"] == "dry_run" and plan["applied_by"] is not None:
             return _resume_apply(conn, plan, participate)
         _check_plan(conn, plan)
+        if plan["held"] is not None and trigger == APPLY_TRIGGER:
+            # held (scheduler.hold_if_large) by another replica after this daemon listed it
+            raise UsageError(f"run {plan['id']} is held for a person: it {plan['held']}")
         return _new_apply(conn, plan, trigger, participate)
 
 

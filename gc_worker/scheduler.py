@@ -207,8 +207,18 @@ def hold_if_large(engine: Engine, plan_run_id: UUID, schedule: ScheduleSettings)
     than ``schedule.hold_above_share`` of the active memories, and at least
     ``schedule.hold_min_rows``. Such a plan is marked held (``gc_runs.held`` says why, with the
     commands), once, by whichever replica gets there first; it waits for `memory-gc apply` or
-    `reject`, and goes stale as any plan. An erasure's retirements are not counted."""
+    `reject`, and goes stale as any plan. An erasure's retirements are not counted.
+
+    The plan's row is locked first (as ``start_apply`` does): a plan another replica held since
+    this one listed it stays held whatever this replica would count; one another replica
+    started applying is not (this one joins that apply)."""
     with transaction(engine) as conn:
+        conn.execute(q("lock_run_row"), {"run_id": plan_run_id})
+        plan = load_run(conn, plan_run_id)
+        if plan["applied_by"] is not None:
+            return False
+        if plan["held"] is not None:
+            return True
         size = conn.execute(q("plan_size"), {"run_id": plan_run_id}).one()
         if size.retiring < schedule.hold_min_rows or size.retiring <= (
             schedule.hold_above_share * size.active

@@ -93,6 +93,32 @@ class TestHold:
         assert gone == 4
 
 
+class TestReplicas:
+    def test_a_replica_that_listed_the_plan_before_another_held_it_does_not_apply_it(
+        self, engine, settings, make_daemon
+    ):
+        """Replica B (a larger share, say mid-rollout, or more active rows counted a moment
+        later) listed the plan as due; replica A held it meanwhile. B leaves it held."""
+        seed(engine, users=4)
+        plan_id, due = night(engine, review(settings), make_daemon)
+        assert due.apply_due_plans() == []  # A holds it
+        assert scheduler.hold_if_large(engine, plan_id, review(settings, 0.9).schedule)
+        assert {status(engine, i) for i in expired_ids(engine)} == {"active"}
+
+    def test_the_daemon_does_not_start_the_apply_of_a_held_plan(
+        self, engine, settings, make_daemon
+    ):
+        """B decided not to hold it, A held it before B's apply started: B's apply is refused
+        (a person may still apply it, TestCommands)."""
+        seed(engine, users=4)
+        plan_id, _ = night(engine, review(settings), make_daemon)
+        assert scheduler.hold_if_large(engine, plan_id, review(settings).schedule)
+        with scheduler.apply_run_of(engine, plan_id) as apply_id:
+            assert apply_id is None
+        assert runs(engine)[0]["applied_by"] is None
+        assert {status(engine, i) for i in expired_ids(engine)} == {"active"}
+
+
 class TestWhileHeld:
     def test_erasures_are_carried_out_while_the_plan_waits(self, engine, settings, make_daemon):
         """A held plan holds its users' erasure requests too, for as long as nobody looks at
