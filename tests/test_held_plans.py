@@ -189,6 +189,15 @@ class TestWhileHeld:
             due.apply_due_plans()
         erasing = [r for r in runs(engine) if r["trigger"] == "erasure"]
         assert len(erasing) == 1
+        # the next night's plan, held too: the request is tried again, once
+        make_daemon(review(settings), SLOT + timedelta(days=1)).nightly()
+        plan2 = runs(engine)[-1]
+        assert plan2["trigger"] == "nightly"
+        due2 = make_daemon(review(settings), plan2["finished_at"] + timedelta(minutes=60))
+        for _ in range(2):
+            due2.apply_due_plans()
+        erasing = [r for r in runs(engine) if r["trigger"] == "erasure"]
+        assert len(erasing) == 2
 
     def test_no_erasure_run_without_a_pending_request(self, engine, settings, make_daemon):
         seed(engine, users=4)

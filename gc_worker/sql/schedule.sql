@@ -145,14 +145,21 @@ WHERE held IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL
   AND status IN ('completed', 'failed')
 
 -- erasure_pending_users --
--- Users with a pending erasure request that no erasure run started since it was filed has
--- tried (one that ended: a run a stopped daemon left running tried nothing). A request such a
--- run left pending (drifted, misfiled) waits for the next night, not a run at every upkeep.
-SELECT DISTINCT e.user_id FROM gc_erasure_requests e
+-- Users with a pending erasure request that no erasure run has tried since it was filed and
+-- since the latest held plan was made (one that ended: a run a stopped daemon left running
+-- tried nothing). A request such a run left pending (drifted, misfiled, the run failed) is
+-- tried again with the next night's held plan, not by a run at every upkeep.
+WITH since AS (
+    SELECT max(finished_at) AS plan_at FROM gc_runs
+    WHERE held IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL
+      AND status IN ('completed', 'failed')
+)
+SELECT DISTINCT e.user_id FROM gc_erasure_requests e, since
 WHERE e.status = 'pending'
   AND NOT EXISTS (SELECT 1 FROM gc_runs r
                   WHERE r.trigger = 'erasure' AND r.mode = 'apply'
-                    AND r.status IN ('completed', 'failed') AND r.started_at >= e.requested_at
+                    AND r.status IN ('completed', 'failed')
+                    AND r.started_at >= greatest(e.requested_at, since.plan_at)
                     AND (r.users IS NULL OR e.user_id = ANY(r.users)))
 ORDER BY e.user_id
 
