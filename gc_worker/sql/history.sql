@@ -17,21 +17,26 @@ SET LOCAL lock_timeout = '2s'
 -- request, an open sweep request or an open review item names (those keep the whole run).
 -- `held`: what else names the run (an erasure request of any status, any review item, a run
 -- kept): its gc_runs row stays, only its audit rows no longer needed go. Oldest first.
-WITH old AS (
+-- Each table that names runs is read once per prune (hashed), never once per run: sweep
+-- requests, review items and erasure requests are never pruned, and grow.
+WITH named AS (  -- runs review items name, and whether an open one does
+    SELECT CAST(run_id AS text) AS id, status = 'open' AS open FROM gc_review_items
+    WHERE run_id IS NOT NULL
+    UNION ALL
+    SELECT resolution ->> 'run_id', status = 'open' FROM gc_review_items
+    WHERE resolution ->> 'run_id' IS NOT NULL
+), old AS (
     SELECT r.id FROM gc_runs r
     WHERE r.status <> 'running' AND r.finished_at < :cutoff
       AND NOT EXISTS (SELECT 1 FROM gc_erasure_requests e
                       WHERE e.run_id = r.id AND e.status = 'pending')
       AND NOT EXISTS (SELECT 1 FROM gc_sweep_requests s
                       WHERE s.run_id = r.id AND s.status IN ('pending', 'running'))
-      AND NOT EXISTS (SELECT 1 FROM gc_review_items i
-                      WHERE i.status = 'open'
-                        AND (i.run_id = r.id OR i.resolution ->> 'run_id' = CAST(r.id AS text)))
+      AND CAST(r.id AS text) NOT IN (SELECT id FROM named WHERE open)
 )
 SELECT r.id, r.finished_at, r.plan_run_id,
-       EXISTS (SELECT 1 FROM gc_erasure_requests e WHERE e.run_id = r.id)
-       OR EXISTS (SELECT 1 FROM gc_review_items i
-                  WHERE i.run_id = r.id OR i.resolution ->> 'run_id' = CAST(r.id AS text))
+       r.id IN (SELECT run_id FROM gc_erasure_requests WHERE run_id IS NOT NULL)
+       OR CAST(r.id AS text) IN (SELECT id FROM named)
        AS held
 FROM gc_runs r JOIN old o ON o.id = r.id
 WHERE (r.plan_run_id IS NULL OR r.plan_run_id IN (SELECT id FROM old))
