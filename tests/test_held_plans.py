@@ -15,7 +15,8 @@ from gc_worker import cli, erasure, scheduler
 from gc_worker import engine as gc_engine
 from gc_worker.config import load_settings
 from gc_worker.errors import ConfigError
-from tests.store import execute, status
+from tests.conftest import TEST_DIM
+from tests.store import NOW, add, execute, status
 from tests.test_schedule import SLOT, make_daemon, runs, seed, with_schedule
 
 __all__ = ["make_daemon"]  # the fixture, used by name
@@ -149,6 +150,30 @@ class TestWhileHeld:
             " AND job = 'erasure'", r=applied,
         ).scalar()  # fmt: skip
         assert drifted > 0
+
+    def test_applied_by_hand_after_the_erasure_it_makes_nothing_of_the_erased_rows(
+        self, engine, settings, make_daemon
+    ):
+        """The held plan merges two duplicates of a user who then asked to be forgotten: once
+        the erasure ran meanwhile, the person's apply must not make a record of them."""
+        seed(engine, users=4)
+        for _ in range(2):
+            add(engine, "user-000", "I live in Lisbon", importance_assessed_at=NOW,
+                embedding=[1.0] + [0.0] * (TEST_DIM - 1))  # fmt: skip
+        plan_id, due = night(engine, review(settings), make_daemon)
+        planned = execute(engine, "SELECT count(*) FROM gc_actions WHERE run_id = :r"
+                          " AND action = 'create_merged'", r=plan_id).scalar()  # fmt: skip
+        assert planned == 1
+        erasure.forget(engine, settings, now=SLOT, user_id="user-000")
+        assert due.apply_due_plans() == []  # held; the erasure runs meanwhile
+        applied = gc_engine.apply_plan(engine, plan_id)
+        alive = execute(engine, "SELECT count(*) FROM memories WHERE user_id = 'user-000'"
+                        " AND status = 'active'").scalar()  # fmt: skip
+        assert alive == 0
+        made = execute(engine, "SELECT count(*) FROM gc_actions WHERE run_id = :r"
+                       " AND action = 'create_merged' AND outcome = 'applied'",
+                       r=applied).scalar()  # fmt: skip
+        assert made == 0
 
     def test_a_request_filed_after_the_hold_is_carried_out_too(self, engine, settings, make_daemon):
         """The plan was held at an earlier pass (or by a replica that stopped before erasing):
