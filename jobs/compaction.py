@@ -14,8 +14,8 @@ not in an open review (nor in one queued earlier in this batch), not retired ear
 batch; two rows of a set a person kept apart (a model merge `restore` undid: a dismissed
 compaction review) are never in one group (``kept_apart``). Rows whose embedding is unusable
 (wrong size, zero, non-finite) are counted in ``skipped``. Groups never span two users, two
-slots, two scopes, two trust levels, or — for episodic memories, which are events — two
-minutes of ``observed_at`` (jobs.similarity.complete_linkage_groups).
+slots, two scopes, two memory types, two trust levels, or — for episodic memories, which are
+events — two minutes of ``observed_at`` (jobs.similarity.complete_linkage_groups).
 
 Per group:
 - members that differ in a fact that matters (``jobs.text_facts.near_miss_reasons``: number,
@@ -101,17 +101,20 @@ class Merge:
 def find_groups(
     rows: Sequence[Any], *, similarity: float, max_group_size: int, max_merge_depth: int, dim: int
 ) -> tuple[list[list[Any]], int]:
-    """One user's candidate groups (per slot and scope: rows of two scopes are read apart, so
-    one merged record cannot stand for both) and how many rows had an unusable embedding."""
+    """One user's candidate groups (per slot, scope and memory type: rows of two scopes are read
+    apart, so one merged record cannot stand for both) and how many rows had an unusable
+    embedding."""
     eligible = [row for row in rows if mergeable(row, max_merge_depth)]
     kept, vectors, skipped = with_embeddings(eligible, dim)
-    by_slot: dict[tuple[str, str, str, int], list[int]] = defaultdict(list)
+    by_slot: dict[tuple[str, str, str, str, int], list[int]] = defaultdict(list)
     for index, row in enumerate(kept):
         # an episodic memory is an event: the same text at another time is another event
         when = row.observed_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
         event = when if row.memory_type == "episodic" else ""
-        # rows of one trust level only: a merge neither raises a claim nor lowers a statement
-        by_slot[(_key(row.slot), _key(row.scope), event, row.trust)].append(index)
+        # rows of one trust level only: a merge neither raises a claim nor lowers a statement;
+        # of one memory type: a procedural rule merged with a fact would become a fact
+        key = (_key(row.slot), _key(row.scope), row.memory_type or "", event, row.trust)
+        by_slot[key].append(index)
     by_id = {row.id: row for row in kept}
     groups = []
     for slot in sorted(by_slot):
