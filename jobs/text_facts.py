@@ -12,8 +12,9 @@ checks built on them (pure functions, no database, no LLM).
                                      or name, a negation, direction or antonym): a model's
                                      "contradicts" is acted on only then.
 
-Near-miss policy ("Has 2 cats" vs "Has two cats"): number words zero..twenty and the tens are read
-as their values, so those two texts give []; a number we cannot read compares as text, and number
+Near-miss policy ("Has 2 cats" vs "Has two cats"): number words zero..twenty, the tens and their
+hyphenated compounds ("twenty-five") are read as their values, so those two texts give []; a
+number we cannot read compares as text, and number
 and date sequences compare in order, so the heuristic errs towards flagging: flagged members
 are kept apart by compaction (the earliest consistent ones may still merge) and left to the
 contradiction job.
@@ -199,7 +200,21 @@ def _number_key(token: str) -> str | None:
     word = _DIGITS_COMMA.sub("", _word(token))
     if any(char.isdigit() for char in word):
         return word
+    if "-" in word:
+        return _compound_number(word.split("-"))
     return _NUMBER_WORDS.get(word)
+
+
+def _compound_number(parts: list[str]) -> str | None:
+    """ "twenty-five" → "25"; number words joined otherwise ("one-hundred") compare as text;
+    None when a part is no number word ("well-known")."""
+    values = [_NUMBER_WORDS.get(part) for part in parts]
+    if None in values:
+        return None
+    tens, units = (int(v) for v in values[:2]) if len(values) == 2 else (0, 0)
+    if tens in range(20, 100, 10) and units in range(1, 10):
+        return str(tens + units)
+    return "-".join(parts)
 
 
 def _dates(text: str) -> list[str]:

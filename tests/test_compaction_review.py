@@ -13,8 +13,12 @@ by an adversarial review of compaction:
 
 from __future__ import annotations
 
-from tests.store import add, run, status
-from tests.test_compaction import E0, groups_of, row
+import pytest
+
+from jobs.text_facts import near_miss_reasons
+from tests.store import add, days_ago, run, status
+from tests.test_compaction import E0, at_similarity, groups_of, row
+from tests.test_llm_guards import Model, merging_to
 
 # ---------------------------------------------------------------------------------------------
 # Memory types
@@ -37,3 +41,37 @@ def test_a_procedural_rule_is_not_merged_into_a_semantic_fact(engine, settings):
     report = run(engine, settings, jobs=["compaction"], llm=None)
     assert report["actions"] == []
     assert status(engine, rule) == status(engine, fact) == "active"
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers written as compound words
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Is twenty-five years old", "Is twenty-six years old"),
+    ("Is twenty-five years old", "Is 26 years old"),
+    ("Owes ninety-nine euros", "Owes ninety-one euros"),
+])  # fmt: skip
+def test_compound_number_words_that_differ_are_a_near_miss(a, b):
+    assert "number" in near_miss_reasons(a, b)
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Is twenty-five years old", "Is 25 years old"),
+    ("Is Twenty-Five years old", "Is twenty-five years old"),
+    ("Owes ninety-nine euros", "Owes 99 euros"),
+])  # fmt: skip
+def test_compound_number_words_read_as_their_value(a, b):
+    assert near_miss_reasons(a, b) == []
+
+
+def test_a_merge_of_two_ages_in_words_is_not_asked(engine, settings, make_llm):
+    a = add(engine, "u1", "Is twenty-five years old", created_at=days_ago(9), embedding=E0)
+    b = add(engine, "u1", "Is twenty-six years old", created_at=days_ago(2),
+            embedding=at_similarity(0.97))  # fmt: skip
+    server = Model(merging_to("Is twenty-six years old"))
+    report = run(engine, settings, jobs=["compaction"], llm=make_llm(server))
+    assert server.chat_requests() == 0
+    assert [(x["action"], x["reason"]) for x in report["actions"]] == [("deferred", "near_miss")]
+    assert status(engine, a) == status(engine, b) == "active"
