@@ -3,7 +3,9 @@ checks built on them (pure functions, no database, no LLM).
 
     near_miss_reasons(a, b)          reason codes (number, date, negation, name, direction,
                                      antonym) why two look-alike texts must NOT be merged or
-                                     obsoleted offline; [] = safe to treat as duplicates.
+                                     obsoleted offline; [] = safe to treat as duplicates. A
+                                     negation is a word ("not", "never", "n't") or a prefix
+                                     one text puts on a word of the other ("unable" / "able").
     unsupported_facts(text, sources) why a model's merge or summary cannot stand for its
                                      sources: a stated fact dropped or one invented — and,
                                      word by word, a content word none of them uses (added)
@@ -234,6 +236,22 @@ def _negation_count(text: str) -> int:
     return sum(_is_negation(word) for word in _words(text))
 
 
+_NEGATING_PREFIXES = ("non-", "non", "dis", "un", "in", "im", "il", "ir")
+
+
+def _prefix_negated(text_a: str, text_b: str) -> bool:
+    """One text negates a word of the other by a prefix ("unable" / "able", "non-smoker" /
+    "smoker", "inconvenient" / "convenient"), a word the other does not use itself."""
+    words_a, words_b = set(_words(text_a)), set(_words(text_b))
+    for words, other in ((words_a - words_b, words_b), (words_b - words_a, words_a)):
+        for word in words:
+            for prefix in _NEGATING_PREFIXES:
+                rest = word[len(prefix) :]
+                if word.startswith(prefix) and len(rest) >= 3 and rest in other:
+                    return True
+    return False
+
+
 def _is_name(token: str, sentence_initial: bool) -> bool:
     if not token[0].isupper() or any(char.isdigit() for char in token) or _date_key(token):
         return False
@@ -315,7 +333,10 @@ def near_miss_reasons(text_a: str, text_b: str) -> list[str]:
     checks = (
         ("number", _numbers(text_a) != _numbers(text_b)),
         ("date", _dates(text_a) != _dates(text_b)),
-        ("negation", _negation_count(text_a) != _negation_count(text_b)),
+        (
+            "negation",
+            _negation_count(text_a) != _negation_count(text_b) or _prefix_negated(text_a, text_b),
+        ),
         ("name", _name_differs(text_a, text_b)),
         ("direction", _direction_differs(text_a, text_b)),
         ("antonym", _antonym_differs(text_a, text_b)),

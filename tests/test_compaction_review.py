@@ -75,3 +75,33 @@ def test_a_merge_of_two_ages_in_words_is_not_asked(engine, settings, make_llm):
     assert server.chat_requests() == 0
     assert [(x["action"], x["reason"]) for x in report["actions"]] == [("deferred", "near_miss")]
     assert status(engine, a) == status(engine, b) == "active"
+
+
+# ---------------------------------------------------------------------------------------------
+# Negation by prefix
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Is unable to drive", "Is able to drive"),
+    ("Is a non-smoker", "Is a smoker"),
+    ("Finds the commute inconvenient", "Finds the commute convenient"),
+])  # fmt: skip
+def test_a_negating_prefix_is_a_near_miss(a, b):
+    assert "negation" in near_miss_reasons(a, b)
+    assert "negation" in near_miss_reasons(b, a)
+
+
+def test_a_word_merely_starting_like_a_prefix_is_no_negation():
+    assert near_miss_reasons("Invests in index funds", "Invests in index funds monthly") == []
+    assert near_miss_reasons("Is unable to drive", "Is unable to drive at night") == []
+
+
+def test_a_merge_of_able_and_unable_is_not_asked(engine, settings, make_llm):
+    a = add(engine, "u1", "Is unable to drive", created_at=days_ago(9), embedding=E0)
+    b = add(engine, "u1", "Is able to drive", created_at=days_ago(2),
+            embedding=at_similarity(0.97))  # fmt: skip
+    server = Model(merging_to("Is able to drive"))
+    run(engine, settings, jobs=["compaction"], llm=make_llm(server))
+    assert server.chat_requests() == 0
+    assert status(engine, a) == status(engine, b) == "active"
