@@ -138,15 +138,15 @@ _SHARED_STEM = 5  # "allerg"/"allergi" (allergic/allergy) are one word; "astroâ€
 
 def _content_keys(text: str) -> set[str]:
     """The text's content words as comparison keys: casefolded and stemmed (English Snowball);
-    each character of a script written without spaces. Negations, numbers and dates have
-    checks of their own."""
+    each character of a script written without spaces. Words of two letters count (a unit:
+    "km", "mg"). Negations, numbers and dates have checks of their own."""
     keys = set()
     for token in _CONTENT_TOKEN.findall(_prepare(text)):
         if _UNSPACED.search(token):
             keys.update(char for char in token if char.isalpha())
             continue
         word = _word(token)
-        if len(word) < 3 or word in _FILLER_WORDS or _is_negation(word):
+        if len(word) < 2 or word in _FILLER_WORDS or _is_negation(word):
             continue
         keys.add(_stem(word))
     return keys

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.text_facts import near_miss_reasons
+from jobs.text_facts import near_miss_reasons, unsupported_facts
 from tests.store import add, days_ago, run, status
 from tests.test_compaction import E0, at_similarity, groups_of, row
 from tests.test_llm_guards import Model, merging_to
@@ -104,4 +104,33 @@ def test_a_merge_of_able_and_unable_is_not_asked(engine, settings, make_llm):
     server = Model(merging_to("Is able to drive"))
     run(engine, settings, jobs=["compaction"], llm=make_llm(server))
     assert server.chat_requests() == 0
+    assert status(engine, a) == status(engine, b) == "active"
+
+
+# ---------------------------------------------------------------------------------------------
+# Units of two letters
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("first", "second", "merged"), [
+    ("Runs 5 km every morning", "Runs 5 km each morning", "Runs 5 mi every morning"),
+    ("Takes 10 mg of aspirin", "Takes 10 mg aspirin daily", "Takes 10 g of aspirin daily"),
+])  # fmt: skip
+def test_a_swapped_short_unit_is_caught(first, second, merged):
+    assert {"added", "dropped"} & set(unsupported_facts(merged, [first, second]))
+
+
+def test_a_merge_keeping_the_unit_passes():
+    sources = ["Runs 5 km every morning", "Runs 5 km each morning"]
+    assert unsupported_facts("Runs 5 km every morning", sources) == []
+
+
+def test_a_merge_swapping_the_unit_is_not_applied(engine, settings, make_llm):
+    a = add(engine, "u1", "Takes 10 mg of aspirin", created_at=days_ago(9), embedding=E0)
+    b = add(engine, "u1", "Takes 10 mg aspirin daily", created_at=days_ago(2),
+            embedding=at_similarity(0.97))  # fmt: skip
+    server = Model(merging_to("Takes 10 g of aspirin daily"))
+    report = run(engine, settings, jobs=["compaction"], llm=make_llm(server))
+    assert server.chat_requests() == 1
+    assert [x for x in report["actions"] if x["action"] == "create_merged"] == []
     assert status(engine, a) == status(engine, b) == "active"
