@@ -35,6 +35,8 @@ from collections.abc import Sequence
 
 import snowballstemmer
 
+from jobs.text_forms import prefix_negated, signs, split_or_joined
+
 # ---------------------------------------------------------------------------------------------
 # Near-miss guard
 # ---------------------------------------------------------------------------------------------
@@ -224,8 +226,10 @@ def _dates(text: str) -> list[str]:
 
 
 def _numbers(text: str) -> list[str]:
+    """The numbers a text states, then its currency, percent and degree signs ("$50k" and
+    "€50k" state two amounts)."""
     keys = (None if _date_key(t) else _number_key(t) for t in _tokens(text))
-    return [key for key in keys if key is not None]
+    return [key for key in keys if key is not None] + signs(_prepare(text))
 
 
 def _is_negation(word: str) -> bool:
@@ -234,22 +238,6 @@ def _is_negation(word: str) -> bool:
 
 def _negation_count(text: str) -> int:
     return sum(_is_negation(word) for word in _words(text))
-
-
-_NEGATING_PREFIXES = ("non-", "non", "dis", "un", "in", "im", "il", "ir")
-
-
-def _prefix_negated(text_a: str, text_b: str) -> bool:
-    """One text negates a word of the other by a prefix ("unable" / "able", "non-smoker" /
-    "smoker", "inconvenient" / "convenient"), a word the other does not use itself."""
-    words_a, words_b = set(_words(text_a)), set(_words(text_b))
-    for words, other in ((words_a - words_b, words_b), (words_b - words_a, words_a)):
-        for word in words:
-            for prefix in _NEGATING_PREFIXES:
-                rest = word[len(prefix) :]
-                if word.startswith(prefix) and len(rest) >= 3 and rest in other:
-                    return True
-    return False
 
 
 def _is_name(token: str, sentence_initial: bool) -> bool:
@@ -335,7 +323,8 @@ def near_miss_reasons(text_a: str, text_b: str) -> list[str]:
         ("date", _dates(text_a) != _dates(text_b)),
         (
             "negation",
-            _negation_count(text_a) != _negation_count(text_b) or _prefix_negated(text_a, text_b),
+            _negation_count(text_a) != _negation_count(text_b)
+            or prefix_negated(set(_words(text_a)), set(_words(text_b))),
         ),
         ("name", _name_differs(text_a, text_b)),
         ("direction", _direction_differs(text_a, text_b)),
@@ -369,7 +358,11 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
         ("number", set(_numbers(text)) != set().union(*(_numbers(s) for s in sources))),
         ("date", set(_dates(text)) != set().union(*(_dates(s) for s in sources))),
         ("negation", (_negation_count(text) > 0) != any(_negation_count(s) for s in sources)),
-        ("name", bool(_inner_names(text) - source_words or stated_names - text_words)),
+        (
+            "name",
+            bool(_inner_names(text) - source_words or stated_names - text_words)
+            or split_or_joined(_prepare(text), [_prepare(s) for s in sources]),
+        ),
         ("direction", any(_direction_reversed(text, s) for s in sources)),
         (
             "antonym",

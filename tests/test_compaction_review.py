@@ -134,3 +134,44 @@ def test_a_merge_swapping_the_unit_is_not_applied(engine, settings, make_llm):
     assert server.chat_requests() == 1
     assert [x for x in report["actions"] if x["action"] == "create_merged"] == []
     assert status(engine, a) == status(engine, b) == "active"
+
+
+# ---------------------------------------------------------------------------------------------
+# Currency and percent signs, names split by punctuation
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("first", "second", "merged"), [
+    ("Earns $50k a year", "Earns $50k per year", "Earns €50k a year"),
+    ("Saves 10% of income", "Saves 10% of her income", "Saves 10 of income"),
+    ("Sister is Mary Jane Watson", "Sister is Mary Jane Watson.", "Sister is Mary, Jane Watson"),
+    ("Friends with John Paul Jones", "Is friends with John Paul Jones",
+     "Is friends with John, Paul Jones"),
+])  # fmt: skip
+def test_a_merge_changing_a_sign_or_splitting_a_name_is_caught(first, second, merged):
+    assert unsupported_facts(merged, [first, second]) != []
+
+
+@pytest.mark.parametrize(("first", "second", "merged"), [
+    ("Earns $50k a year", "Earns $50k per year", "Earns $50k a year"),
+    ("Sister is Mary Jane Watson", "Sister is Mary Jane Watson.", "Sister is Mary Jane Watson"),
+    ("Visited Paris, London", "Visited Paris and London", "Visited Paris, London"),
+])  # fmt: skip
+def test_a_merge_keeping_signs_and_names_passes(first, second, merged):
+    assert unsupported_facts(merged, [first, second]) == []
+
+
+def test_two_currencies_are_a_near_miss():
+    assert "number" in near_miss_reasons("Earns $50k", "Earns €50k")
+    assert near_miss_reasons("Earns $50k", "earns $50k") == []
+
+
+def test_a_merge_into_another_currency_is_not_applied(engine, settings, make_llm):
+    a = add(engine, "u1", "Earns $50k a year", created_at=days_ago(9), embedding=E0)
+    b = add(engine, "u1", "Earns $50k per year", created_at=days_ago(2),
+            embedding=at_similarity(0.97))  # fmt: skip
+    server = Model(merging_to("Earns €50k a year"))
+    report = run(engine, settings, jobs=["compaction"], llm=make_llm(server))
+    assert server.chat_requests() == 1
+    assert [x for x in report["actions"] if x["action"] == "create_merged"] == []
+    assert status(engine, a) == status(engine, b) == "active"

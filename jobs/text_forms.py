@@ -1,0 +1,74 @@
+"""Forms of a fact that plain word comparison misses (pure functions, used by jobs.text_facts).
+
+    prefix_negated(words_a, words_b)  one word set negates a word of the other by a prefix
+                                      ("unable" / "able", "non-smoker" / "smoker").
+    signs(text)                       the currency, percent and degree signs a text states, in
+                                      order ("$50k" and "€50k" state two amounts).
+    name_joins(text)                  pairs of adjacent capitalised words and whether only
+                                      spaces stand between them ("Mary Jane" is one name,
+                                      "Mary, Jane" two).
+    split_or_joined(text, sources)    whether ``text`` splits a name its sources write as one, or
+                                      joins names they keep apart.
+
+Texts are expected prepared (NFKC) by the caller.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+
+_NEGATING_PREFIXES = ("non-", "non", "dis", "un", "in", "im", "il", "ir")
+_OTHER_SIGNS = frozenset("%\u2030\u00b0")  # percent, per mille, degree
+_WORD = re.compile(r"\w+(?:['.,:/-]\w+)*")
+
+
+def prefix_negated(words_a: set[str], words_b: set[str]) -> bool:
+    """A word of one set, absent from the other, is a negating prefix on a word of the other
+    ("unable" / "able", "non-smoker" / "smoker", "inconvenient" / "convenient")."""
+    for words, other in ((words_a - words_b, words_b), (words_b - words_a, words_a)):
+        for word in words:
+            for prefix in _NEGATING_PREFIXES:
+                rest = word[len(prefix) :]
+                if word.startswith(prefix) and len(rest) >= 3 and rest in other:
+                    return True
+    return False
+
+
+def signs(text: str) -> list[str]:
+    """Currency (Unicode category Sc), percent, per-mille and degree signs, in order."""
+    return [c for c in text if c in _OTHER_SIGNS or unicodedata.category(c) == "Sc"]
+
+
+def name_joins(text: str) -> set[tuple[str, str, bool]]:
+    """(word, next word, joined) for each two adjacent capitalised words (no digit): joined when
+    only spaces stand between them."""
+    found = set()
+    matches = list(_WORD.finditer(text))
+    for left, right in itertools.pairwise(matches):
+        a, b = left.group(), right.group()
+        if not (_capitalised(a) and _capitalised(b)):
+            continue
+        gap = text[left.end() : right.start()]
+        found.add((a.casefold(), b.casefold(), gap.isspace()))
+    return found
+
+
+def _capitalised(token: str) -> bool:
+    return token[0].isupper() and not any(char.isdigit() for char in token)
+
+
+def split_or_joined(text: str, sources: Sequence[str]) -> bool:
+    """``text`` writes two adjacent names apart ("Mary, Jane") that no source writes so but one
+    writes as one ("Mary Jane"), or the reverse."""
+    mine = name_joins(text)
+    theirs = _union(name_joins(source) for source in sources)
+    return any(
+        (a, b, not joined) in theirs and (a, b, joined) not in theirs for a, b, joined in mine
+    )
+
+
+def _union(sets: Iterable[set[tuple[str, str, bool]]]) -> set[tuple[str, str, bool]]:
+    return set().union(*sets)
