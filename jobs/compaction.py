@@ -215,16 +215,17 @@ def embed_merges(ctx: BatchContext, gate: ModelGate, merges: Sequence[Merge]) ->
     if not need:
         return
     keys = {}
+    dim = ctx.settings.embeddings.dim
     if not gate.offline:
-        model = gate.llm.options.embedding_model
-        keys = {
-            id(m): decision_key(EMBED_KIND, model, EMBED_VERSION, m.user_id, m.content)
-            for m in need
-        }
+        # keyed by the size too: a vector cached before `[embeddings] dim` changed is not one
+        # the store can hold (and a stale entry is never trusted: _usable_cached)
+        model, version = gate.llm.options.embedding_model, f"{EMBED_VERSION}:{dim}"
+        keys = {id(m): decision_key(EMBED_KIND, model, version, m.user_id, m.content) for m in need}
         for merge in need:
             cached = ctx.conn.execute(q("llm_cache_get"), {"key": keys[id(merge)]}).scalar()
-            if cached is not None:
-                merge.embedding = cached["embedding"]
+            vector = _usable_cached(cached, dim)
+            if vector is not None:
+                merge.embedding = vector
                 gate.llm.budget.count("cache_hits")
     missing = [m for m in need if m.embedding is None]
     # `[embeddings] model = ""`: no embeddings model is configured, the centroid is the answer
@@ -237,6 +238,18 @@ def embed_merges(ctx: BatchContext, gate: ModelGate, merges: Sequence[Merge]) ->
             continue
         merge.embedding = vectors[index]
         _cache_embedding(ctx, keys[id(merge)], merge)
+
+
+def _usable_cached(value: Any, dim: int) -> list[float] | None:
+    """A cached embedding the store can hold (``dim`` finite numbers, not all zero), or None."""
+    vector = value.get("embedding") if isinstance(value, dict) else None
+    if not isinstance(vector, list) or len(vector) != dim:
+        return None
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in vector):
+        return None
+    array = np.asarray(vector, dtype=np.float64)
+    usable = np.isfinite(array).all() and np.any(array) and np.abs(array).max() < 3.4e38
+    return [float(x) for x in vector] if usable else None
 
 
 def _embed(gate: ModelGate, merges: Sequence[Merge]) -> list[list[float]] | None:

@@ -13,10 +13,13 @@ by an adversarial review of compaction:
 
 from __future__ import annotations
 
+from uuid import UUID
+
 import pytest
 
 from jobs.text_facts import near_miss_reasons, unsupported_facts
-from tests.store import add, days_ago, run, status
+from tests.conftest import TEST_DIM
+from tests.store import add, days_ago, get, run, status
 from tests.test_compaction import E0, at_similarity, groups_of, row
 from tests.test_llm_guards import Model, merging_to
 
@@ -175,3 +178,42 @@ def test_a_merge_into_another_currency_is_not_applied(engine, settings, make_llm
     assert server.chat_requests() == 1
     assert [x for x in report["actions"] if x["action"] == "create_merged"] == []
     assert status(engine, a) == status(engine, b) == "active"
+
+
+# ---------------------------------------------------------------------------------------------
+# A cached embedding of another size
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_cached_embedding_of_another_size_is_not_used(engine, settings, make_llm):
+    """The embeddings cache is keyed on the model's name, not on the size it was asked for: a
+    vector cached before ``[embeddings] dim`` changed was written into the merged record, and
+    the store refused it — the batch failed, night after night."""
+    import json
+
+    import sqlalchemy as sa
+
+    from gc_worker.llm import decision_key
+    from jobs.compaction import EMBED_KIND, EMBED_VERSION
+
+    text = "Has an allergy to peanuts and shellfish"
+    llm = make_llm(Model(merging_to(text)))
+    model = llm.options.embedding_model
+    # the key as it was (no size in it), and as it is (a stale or damaged entry under it)
+    for version in (EMBED_VERSION, f"{EMBED_VERSION}:{TEST_DIM}"):
+        key = decision_key(EMBED_KIND, model, version, "u1", text)
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("INSERT INTO gc_llm_cache (key, kind, user_id, memory_ids, value) "
+                        "VALUES (:key, 'embedding', 'u1', '{}', CAST(:value AS jsonb))"),
+                {"key": key, "value": json.dumps({"embedding": [0.5] * 3})},
+            )  # fmt: skip
+    a = add(engine, "u1", "Allergic to peanuts and shellfish", created_at=days_ago(9),
+            embedding=E0)  # fmt: skip
+    b = add(engine, "u1", "Has a peanut and shellfish allergy", created_at=days_ago(2),
+            embedding=at_similarity(0.95))  # fmt: skip
+    report = run(engine, settings, jobs=["compaction"], llm=llm)
+    (created,) = [x for x in report["actions"] if x["action"] == "create_merged"]
+    merged = get(engine, UUID(created["memory_id"]))
+    assert merged["content"] == text and merged["metadata"]["embedding_source"] == "model"
+    assert status(engine, a) == status(engine, b) == "merged"
