@@ -217,3 +217,77 @@ def test_a_cached_embedding_of_another_size_is_not_used(engine, settings, make_l
     merged = get(engine, UUID(created["memory_id"]))
     assert merged["content"] == text and merged["metadata"]["embedding_source"] == "model"
     assert status(engine, a) == status(engine, b) == "merged"
+
+
+# ---------------------------------------------------------------------------------------------
+# The budget spent midway; a merged record merged again
+# ---------------------------------------------------------------------------------------------
+
+
+def _far(similarity_to_e2: float) -> list[float]:
+    """A unit vector orthogonal to E0, at ``similarity_to_e2`` from e2 (towards e3)."""
+    import math
+
+    vector = [0.0] * TEST_DIM
+    vector[2], vector[3] = similarity_to_e2, math.sqrt(1 - similarity_to_e2**2)
+    return vector
+
+
+def test_a_budget_spent_midway_merges_the_group_asked_and_defers_the_next(
+    engine, settings, make_llm
+):
+    """One call left: the first group is merged (its embedding the members' centroid: no call
+    is left for it), the second is deferred, and neither group is half-applied."""
+    a = add(engine, "u1", "Allergic to peanuts and shellfish", embedding=E0,
+            created_at=days_ago(9))  # fmt: skip
+    b = add(engine, "u1", "Has a peanut and shellfish allergy", embedding=at_similarity(0.95),
+            created_at=days_ago(2))  # fmt: skip
+    c = add(engine, "u1", "Plays the oboe", embedding=_far(1.0))
+    d = add(engine, "u1", "Plays an oboe in a band", embedding=_far(0.95))
+    texts = {
+        "oboe": "Plays an oboe in a band",
+        "allergy": "Has an allergy to peanuts and shellfish",
+    }
+
+    def faithful(kind, payload):  # whichever group is asked first, a merge that may stand
+        topic = "oboe" if "oboe" in payload[0]["content"] else "allergy"
+        return merging_to(texts[topic])(kind, payload)
+
+    server = Model(faithful)
+    report = run(engine, settings, jobs=["compaction"],
+                 llm=make_llm(server, max_calls_per_run=1))  # fmt: skip
+    assert server.chat_requests() == 1 and len(server.requests) == 1
+    by_action = report["totals"]["by_action"]
+    assert by_action == {"create_merged": 1, "merge": 2, "deferred": 1}
+    (deferral,) = [x for x in report["actions"] if x["action"] == "deferred"]
+    assert deferral["reason"] == "llm_budget"
+    (created,) = [x for x in report["actions"] if x["action"] == "create_merged"]
+    content = get(engine, UUID(created["memory_id"]))["content"]
+    merged = {str(a), str(b)} if "allergy" in content else {str(c), str(d)}
+    assert {x["memory_id"] for x in report["actions"] if x["action"] == "merge"} == merged
+    assert set(deferral["details"]["memory_ids"]) == {str(a), str(b), str(c), str(d)} - merged
+    for memory in (a, b, c, d):
+        assert status(engine, memory) == ("merged" if str(memory) in merged else "active")
+    assert get(engine, UUID(created["memory_id"]))["metadata"]["embedding_source"] == "centroid"
+
+
+def test_a_merged_record_is_merged_again_only_to_the_depth(engine, settings, make_llm):
+    """max_merge_depth = 2: a merge (depth 1) takes in a new duplicate once (depth 2); the
+    record of that second merge takes in none, night after night."""
+    from datetime import timedelta
+
+    from tests.store import NOW
+
+    deep = settings.model_copy(update={"compaction": settings.compaction.model_copy(
+        update={"max_merge_depth": 2})})  # fmt: skip
+    texts = ["Plays the oboe", "Plays the oboe.", "plays the oboe", "Plays the oboe!"]
+    depths = []
+    for night, text in enumerate(texts):
+        add(engine, "u1", text, embedding=E0, created_at=days_ago(10 - night))
+        if night == 0:
+            continue
+        report = run(engine, deep, jobs=["compaction"], now=NOW + timedelta(days=night))
+        created = [x for x in report["actions"] if x["action"] == "create_merged"]
+        depths.append([get(engine, UUID(x["memory_id"]))["metadata"]["merge_depth"]
+                       for x in created])  # fmt: skip
+    assert depths == [[1], [2], []]
