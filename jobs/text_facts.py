@@ -85,6 +85,9 @@ _NEGATIONS = {
     "not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot",
     "dont", "doesnt", "didnt", "isnt", "arent", "wasnt", "werent", "cant", "couldnt",
     "shouldnt", "wouldnt", "havent", "hasnt", "hadnt",
+    # a frequency that all but denies, a habit given up: "Rarely drinks coffee" / "Quit smoking"
+    # are not "Drinks coffee" / "Smokes"
+    "rarely", "seldom", "hardly", "barely", "scarcely", "formerly", "quit", "quits", "stopped",
 }  # fmt: skip
 
 _DIRECTION_MARKERS = {

@@ -20,14 +20,15 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 
-_NEGATING_PREFIXES = ("non-", "non", "dis", "un", "in", "im", "il", "ir")
+_NEGATING_PREFIXES = ("non-", "non", "ex-", "dis", "un", "in", "im", "il", "ir")
 _OTHER_SIGNS = frozenset("%\u2030\u00b0")  # percent, per mille, degree
 _WORD = re.compile(r"\w+(?:['.,:/-]\w+)*")
 
 
 def prefix_negated(words_a: set[str], words_b: set[str]) -> bool:
     """A word of one set, absent from the other, is a negating prefix on a word of the other
-    ("unable" / "able", "non-smoker" / "smoker", "inconvenient" / "convenient")."""
+    ("unable" / "able", "non-smoker" / "smoker", "ex-smoker" / "smoker", "inconvenient" /
+    "convenient")."""
     for words, other in ((words_a - words_b, words_b), (words_b - words_a, words_a)):
         for word in words:
             for prefix in _NEGATING_PREFIXES:

@@ -291,3 +291,34 @@ def test_a_merged_record_is_merged_again_only_to_the_depth(engine, settings, mak
         depths.append([get(engine, UUID(x["memory_id"]))["metadata"]["merge_depth"]
                        for x in created])  # fmt: skip
     assert depths == [[1], [2], []]
+
+
+# ---------------------------------------------------------------------------------------------
+# Negation by a word of frequency or of stopping
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Rarely drinks coffee", "Drinks coffee"),
+    ("Seldom flies", "Flies"),
+    ("Quit smoking", "Smokes"),
+    ("Stopped eating meat", "Eats meat"),
+    ("Is an ex-smoker", "Is a smoker"),
+])  # fmt: skip
+def test_a_negating_adverb_or_verb_is_a_near_miss(a, b):
+    assert "negation" in near_miss_reasons(a, b)
+
+
+@pytest.mark.parametrize(("first", "second", "merged"), [
+    ("Rarely drinks coffee", "Seldom drinks coffee", "Drinks coffee"),
+    ("Quit smoking in 2019", "Stopped smoking in 2019", "Smoking in 2019"),
+])  # fmt: skip
+def test_a_merge_dropping_a_negating_word_is_caught(first, second, merged):
+    assert "negation" in unsupported_facts(merged, [first, second])
+
+
+def test_a_merge_keeping_the_negating_word_passes():
+    assert (
+        unsupported_facts("Rarely drinks coffee", ["Rarely drinks coffee", "Seldom drinks coffee"])
+        == []
+    )
