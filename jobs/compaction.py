@@ -6,7 +6,9 @@ Options (``[compaction]``):
     max_group_size = 8    bigger clusters are split: no snowball merges
     max_merge_depth = 1   a merged record is merged again only while its depth is below this
                           (records the application wrote have depth 0; 0 and 1 both mean a
-                          merged record is never merged again)
+                          merged record is never merged again), and then only with rows that
+                          reach `similarity` with every row it stands for, not only with it
+                          (``compaction_records.cohesive``: no chain across nights)
 
 Candidates: active, unpinned rows with an embedding, no ``valid_until`` (bounded facts and
 overrides are the contradiction job's), no declared ``supersedes`` and not the target of one,
@@ -57,8 +59,10 @@ from gc_worker.queries import q
 from jobs.compaction_records import (
     NAME,
     centroid_of,
+    cohesive,
     earliest,
     merge_actions,
+    merge_depth,
     mergeable,
     merged_record,
 )
@@ -99,8 +103,9 @@ class Merge:
 
 
 def find_groups(
-    rows: Sequence[Any], *, similarity: float, max_group_size: int, max_merge_depth: int, dim: int
-) -> tuple[list[list[Any]], int]:
+    rows: Sequence[Any], *, similarity: float, max_group_size: int, max_merge_depth: int, dim: int,
+    ancestors: Mapping[Any, Sequence[Sequence[float]]] | None = None,
+) -> tuple[list[list[Any]], int]:  # fmt: skip
     """One user's candidate groups (per slot, scope and memory type: rows of two scopes are read
     apart, so one merged record cannot stand for both) and how many rows had an unusable
     embedding."""
@@ -126,7 +131,38 @@ def find_groups(
             max_group_size=max_group_size,
         )
         groups += [[by_id[memory_id] for memory_id in group] for group in found]
-    return groups, skipped
+    if ancestors:  # a merged record is in a group only with rows like all it stands for
+        footprints = _footprints(kept, vectors, ancestors, dim)
+        groups = [cohesive(group, footprints, similarity) for group in groups]
+    return [group for group in groups if len(group) >= 2], skipped
+
+
+def _footprints(
+    kept: Sequence[Any], vectors: np.ndarray, ancestors: Mapping[Any, Any], dim: int
+) -> dict[Any, np.ndarray]:
+    """Per row, the unit vectors of the row and of every usable row it stands for."""
+    footprints = {}
+    for row, vector in zip(kept, vectors, strict=True):
+        found = [vector] + [v for v in ancestors.get(row.id, ()) if _usable(v, dim)]
+        matrix = np.asarray(found, dtype=np.float64)
+        footprints[row.id] = matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+    return footprints
+
+
+def _usable(vector: Sequence[float], dim: int) -> bool:
+    array = np.asarray(vector, dtype=np.float64)
+    return len(array) == dim and bool(np.isfinite(array).all() and np.any(array))
+
+
+def ancestor_embeddings(ctx: BatchContext, rows: Sequence[Any], max_merge_depth: int) -> dict:
+    """Per merged record that may be merged again, the embeddings of the rows it stands for."""
+    ids = [r.id for r in rows if merge_depth(r) > 0 and mergeable(r, max_merge_depth)]
+    if not ids:
+        return {}
+    found: dict[Any, list[Any]] = defaultdict(list)
+    for row in ctx.conn.execute(q("compaction_ancestor_embeddings"), {"ids": ids}):
+        found[row.memory_id].append(row.embedding)
+    return found
 
 
 def _key(value: str | None) -> str:
@@ -328,6 +364,7 @@ def plan(ctx: BatchContext) -> list[Action]:
             max_group_size=settings.max_group_size,
             max_merge_depth=settings.max_merge_depth,
             dim=ctx.settings.embeddings.dim,
+            ancestors=ancestor_embeddings(ctx, rows, settings.max_merge_depth),
         )
         ctx.job_stats(NAME).skipped += skipped
         for group in groups:

@@ -28,6 +28,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
+import numpy as np
+
 from gc_worker.actions import Action, Kind
 from gc_worker.llm import centroid_embedding
 
@@ -52,6 +54,23 @@ def mergeable(row: Any, max_merge_depth: int) -> bool:
     """Application rows always; merged records only while under ``max_merge_depth``."""
     depth = merge_depth(row)
     return depth == 0 or depth < max_merge_depth
+
+
+def cohesive(
+    members: Sequence[Any], footprints: Mapping[Any, np.ndarray], similarity: float
+) -> list[Any]:
+    """The group without the members unlike a row another member stands for: each member's
+    footprint (its own unit vector, and for a merged record those of the rows it stands for)
+    must reach ``similarity`` with every other kept member's. Merged records are taken first
+    (what is there stays; a new row joins it or stays out), then earliest first; the group's
+    order is kept."""
+    order = sorted(members, key=lambda m: (-merge_depth(m), m.created_at, str(m.id)))
+    kept: list[Any] = []
+    for member in order:
+        mine = footprints[member.id]
+        if all(float((mine @ footprints[k].T).min()) >= similarity - 1e-9 for k in kept):
+            kept.append(member.id)
+    return [m for m in members if m.id in kept]
 
 
 def earliest(members: Sequence[Any]) -> Any:

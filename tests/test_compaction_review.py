@@ -17,10 +17,11 @@ from uuid import UUID
 
 import pytest
 
+from jobs.compaction import find_groups
 from jobs.text_facts import near_miss_reasons, unsupported_facts
 from tests.conftest import TEST_DIM
 from tests.store import add, days_ago, get, run, status
-from tests.test_compaction import E0, at_similarity, groups_of, row
+from tests.test_compaction import E0, at_similarity, groups_of, row, unit
 from tests.test_llm_guards import Model, merging_to
 
 # ---------------------------------------------------------------------------------------------
@@ -322,3 +323,65 @@ def test_a_merge_keeping_the_negating_word_passes():
         unsupported_facts("Rarely drinks coffee", ["Rarely drinks coffee", "Seldom drinks coffee"])
         == []
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# A merged record taking in a row unlike what it stands for
+# ---------------------------------------------------------------------------------------------
+
+
+def _longest(kind, payload):
+    """A faithful merge: the longest member's text (it states all the others do)."""
+    longest = max((m["content"] for m in payload), key=len)
+    return merging_to(longest)(kind, payload)
+
+
+def _angle(degrees: float) -> list[float]:
+    import math
+
+    return unit(math.radians(degrees))
+
+
+def test_a_merged_record_takes_in_only_rows_like_every_row_it_stands_for(
+    engine, settings, make_llm
+):
+    """A (0°) and B (31°) merge into a record whose embedding is their centroid (15.5°); C at
+    47° reaches the record (0.85) but not A (0.68): taken in, the record would stand for rows
+    that were never a duplicate set (a chain across nights). D at 20° reaches A and B too."""
+    from datetime import timedelta
+
+    from tests.store import NOW
+
+    deep = settings.model_copy(update={"compaction": settings.compaction.model_copy(
+        update={"max_merge_depth": 3})})  # fmt: skip
+    llm = make_llm(Model(_longest), embedding_model="")  # no embeddings model: the centroid
+    a = add(engine, "u1", "Plays the oboe", embedding=_angle(0), created_at=days_ago(9))
+    b = add(engine, "u1", "Plays the oboe in a band", embedding=_angle(31),
+            created_at=days_ago(8))  # fmt: skip
+    run(engine, deep, jobs=["compaction"], llm=llm)
+    assert status(engine, a) == status(engine, b) == "merged"
+    c = add(engine, "u1", "Plays the oboe in a jazz band", embedding=_angle(47),
+            created_at=days_ago(1))  # fmt: skip
+    report = run(engine, deep, jobs=["compaction"], llm=llm, now=NOW + timedelta(days=1))
+    assert report["actions"] == [] and status(engine, c) == "active"
+    d = add(engine, "u1", "Plays the oboe in a brass band", embedding=_angle(20),
+            created_at=days_ago(1))  # fmt: skip
+    report = run(engine, deep, jobs=["compaction"], llm=llm, now=NOW + timedelta(days=2))
+    assert report["totals"]["by_action"] == {"create_merged": 1, "merge": 2}
+    assert status(engine, d) == "merged" and status(engine, c) == "active"
+
+
+def test_find_groups_keeps_a_row_unlike_a_source_out_of_the_record_group():
+    """Pure: the record (15.5°) stands for rows at 0° and 31°; a row at 47° reaches the record
+    only, one at 20° reaches all three."""
+    record = row("r", _angle(15.5), source="gc_merge", metadata={"merge_depth": 1})
+    far, near = row("far", _angle(47)), row("near", _angle(20))
+    ancestors = {record.id: [_angle(0), _angle(31)]}
+    groups, _ = groups_of([record, far], max_merge_depth=3)
+    assert len(groups) == 1  # without what the record stands for: one group
+    groups, _ = find_groups([record, far], similarity=0.85, max_group_size=8, max_merge_depth=3,
+                            dim=TEST_DIM, ancestors=ancestors)  # fmt: skip
+    assert groups == []
+    groups, _ = find_groups([record, near], similarity=0.85, max_group_size=8,
+                            max_merge_depth=3, dim=TEST_DIM, ancestors=ancestors)  # fmt: skip
+    assert [sorted(m.content for m in g) for g in groups] == [["near", "r"]]

@@ -121,3 +121,19 @@ SELECT id, user_id, content, memory_type, source, scope, slot, supersedes, impor
        status_reason, superseded_by, metadata
 FROM memory_gc_current(CAST(:user_id AS text), CAST(:scope AS text), CAST(:at AS timestamptz),
                        CAST(:known_at AS timestamptz))
+
+-- compaction_ancestor_embeddings --
+-- Every row a merged record stands for (its sources, and theirs, through memory_lineage) that is
+-- still stored with an embedding: a row joining the record must be like each of them, not only
+-- like the record (whose embedding may be their centroid). Rows of the record's own user only.
+WITH RECURSIVE up(record, id) AS (
+    SELECT l.derived_id, l.source_id FROM memory_lineage l WHERE l.derived_id = ANY(:ids)
+    UNION
+    SELECT up.record, l.source_id FROM up JOIN memory_lineage l ON l.derived_id = up.id
+)
+SELECT up.record AS memory_id, CAST(m.embedding AS real[]) AS embedding
+FROM up
+JOIN memories r ON r.id = up.record
+JOIN memories m ON m.id = up.id AND m.user_id = r.user_id
+WHERE m.embedding IS NOT NULL
+ORDER BY up.record, m.id
