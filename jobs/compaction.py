@@ -14,7 +14,8 @@ Candidates: active, unpinned rows with an embedding, no ``valid_until`` (bounded
 overrides are the contradiction job's), no declared ``supersedes`` and not the target of one,
 not in an open review (nor in one queued earlier in this batch), not retired earlier in this
 batch; two rows of a set a person kept apart (a model merge `restore` undid: a dismissed
-compaction review) are never in one group (``kept_apart``). Rows whose embedding is unusable
+compaction review; a merged record of it with the rows it stands for) are never in one group
+(``kept_apart``). Rows whose embedding is unusable
 (wrong size, zero, non-finite) are counted in ``skipped``. Groups never span two users, two
 slots, two scopes, two memory types, two trust levels, or — for episodic memories, which are
 events — two minutes of ``observed_at`` (jobs.similarity.complete_linkage_groups).

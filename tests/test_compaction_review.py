@@ -385,3 +385,33 @@ def test_find_groups_keeps_a_row_unlike_a_source_out_of_the_record_group():
     groups, _ = find_groups([record, near], similarity=0.85, max_group_size=8,
                             max_merge_depth=3, dim=TEST_DIM, ancestors=ancestors)  # fmt: skip
     assert [sorted(m.content for m in g) for g in groups] == [["near", "r"]]
+
+
+def test_a_merge_folded_by_a_later_merge_is_restored_in_turn(engine, settings, make_llm):
+    """max_merge_depth = 2: A + B → M1, then M1 + C → M2. Restoring M1 undoes its latest change
+    (the fold into M2: M1 and C back, M2 off the read path); restoring A then undoes the first
+    merge. No later run merges them again: each restore was a person's decision."""
+    from datetime import timedelta
+
+    from gc_worker import restore
+    from tests.store import NOW
+
+    deep = settings.model_copy(update={"compaction": settings.compaction.model_copy(
+        update={"max_merge_depth": 2})})  # fmt: skip
+    llm = make_llm(Model(_longest))
+    a = add(engine, "u1", "Plays the oboe", embedding=E0, created_at=days_ago(9))
+    b = add(engine, "u1", "Plays the oboe in a band", embedding=at_similarity(0.97),
+            created_at=days_ago(8))  # fmt: skip
+    first = run(engine, deep, jobs=["compaction"], llm=llm)
+    (m1,) = [UUID(x["memory_id"]) for x in first["actions"] if x["action"] == "create_merged"]
+    c = add(engine, "u1", "Plays the oboe in a jazz band", embedding=at_similarity(0.98),
+            created_at=days_ago(1))  # fmt: skip
+    second = run(engine, deep, jobs=["compaction"], llm=llm, now=NOW + timedelta(days=1))
+    (m2,) = [UUID(x["memory_id"]) for x in second["actions"] if x["action"] == "create_merged"]
+    assert status(engine, m1) == status(engine, c) == "merged"
+    restore.restore_memory(engine, m1, now=NOW + timedelta(days=2))
+    assert status(engine, m1) == status(engine, c) == "active" and status(engine, m2) != "active"
+    restore.restore_memory(engine, a, now=NOW + timedelta(days=2))
+    assert {status(engine, x) for x in (a, b, c)} == {"active"} and status(engine, m1) != "active"
+    third = run(engine, deep, jobs=["compaction"], llm=llm, now=NOW + timedelta(days=3))
+    assert [x for x in third["actions"] if x["action"] == "create_merged"] == []

@@ -44,10 +44,22 @@ WHERE user_id = ANY(:users) AND kind = 'contradiction'
 
 -- compaction_dismissed_sets --
 -- Memory sets a person kept apart: a merge `restore` undid (a dismissed compaction review);
--- no two rows of one set are merged together again.
-SELECT user_id, memory_ids
-FROM gc_review_items
-WHERE user_id = ANY(:users) AND kind = 'compaction' AND resolution ->> 'decision' = 'dismiss'
+-- no two rows of one set are merged together again. A merged record of a set stands for its
+-- sources (and theirs, through memory_lineage): they are in the set too, so undoing "record +
+-- C" keeps C apart from the record's sources once that merge is undone as well.
+WITH RECURSIVE dismissed AS (
+    SELECT id AS item, user_id, memory_ids
+    FROM gc_review_items
+    WHERE user_id = ANY(:users) AND kind = 'compaction' AND resolution ->> 'decision' = 'dismiss'
+), member(item, id) AS (
+    SELECT d.item, m.id FROM dismissed d CROSS JOIN LATERAL unnest(d.memory_ids) AS m(id)
+    UNION
+    SELECT member.item, l.source_id FROM member JOIN memory_lineage l ON l.derived_id = member.id
+)
+SELECT d.user_id, array_agg(member.id ORDER BY member.id) AS memory_ids
+FROM dismissed d JOIN member ON member.item = d.item
+GROUP BY d.item, d.user_id
+ORDER BY d.item
 
 -- insert_restore_dismissals --
 -- What a restore undid of a model's merge (its sources) or verdict (the pair), recorded as a
