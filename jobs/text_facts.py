@@ -28,6 +28,7 @@ in Berlin" gives [].
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import unicodedata
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 
 import snowballstemmer
 
-from jobs.text_forms import prefix_negated, signs, split_or_joined
+from jobs.text_forms import moved, prefix_negated, signs, split_or_joined
 
 # ---------------------------------------------------------------------------------------------
 # Near-miss guard
@@ -92,7 +93,7 @@ _NEGATIONS = {
 
 _DIRECTION_MARKERS = {
     "from", "to", "into", "onto", "toward", "towards", "than", "before", "after", "over",
-    "above", "below", "under",
+    "above", "below", "under", "since", "until", "till",
 }  # fmt: skip
 _DIRECTION_BOUNDARIES = {"and", "or", "but", "in", "on", "at", "with", "for", "by", "because"}
 _STOPWORDS = {"the", "a", "an", "of", "is", "are", "be", "was", "were"}
@@ -235,6 +236,16 @@ def _numbers(text: str) -> list[str]:
     return [key for key in keys if key is not None] + signs(_prepare(text))
 
 
+def _counted(text: str) -> set[tuple[str, str]]:
+    """(number, stem of the word right after it): what each number counts ("2 cats")."""
+    tokens, found = _tokens(text), set()
+    for token, after in itertools.pairwise(tokens):
+        key = None if _date_key(token) else _number_key(token)
+        if key is not None and after.isalpha() and not _number_key(after):
+            found.add((key, _stem(_word(after))))
+    return found
+
+
 def _is_negation(word: str) -> bool:
     return word in _NEGATIONS or word.endswith("n't")
 
@@ -358,7 +369,11 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
         if not any(_uncovered({k}, other) for other in source_keys[1:])
     }  # fmt: skip
     checks = (
-        ("number", set(_numbers(text)) != set().union(*(_numbers(s) for s in sources))),
+        (
+            "number",
+            set(_numbers(text)) != set().union(*(_numbers(s) for s in sources))
+            or moved(_counted(text), set().union(*(_counted(s) for s in sources))),
+        ),
         ("date", set(_dates(text)) != set().union(*(_dates(s) for s in sources))),
         ("negation", (_negation_count(text) > 0) != any(_negation_count(s) for s in sources)),
         (

@@ -9,6 +9,8 @@
                                       "Mary, Jane" two).
     split_or_joined(text, sources)    whether ``text`` splits a name its sources write as one, or
                                       joins names they keep apart.
+    moved(counted, by_sources)        whether a text puts a number on a thing its sources count
+                                      with another number ("2 cats and 3 dogs" → "3 cats").
 
 Texts are expected prepared (NFKC) by the caller.
 """
@@ -73,3 +75,12 @@ def split_or_joined(text: str, sources: Sequence[str]) -> bool:
 
 def _union(sets: Iterable[set[tuple[str, str, bool]]]) -> set[tuple[str, str, bool]]:
     return set().union(*sets)
+
+
+def moved(counted: set[tuple[str, str]], by_sources: set[tuple[str, str]]) -> bool:
+    """A (number, thing) of the text that no source states, where a source counts that thing
+    with another number: "Has 3 cats and 2 dogs" for "Has 2 cats and 3 dogs"."""
+    return any(
+        (number, thing) not in by_sources and any(other == thing for _, other in by_sources)
+        for number, thing in counted
+    )

@@ -415,3 +415,26 @@ def test_a_merge_folded_by_a_later_merge_is_restored_in_turn(engine, settings, m
     assert {status(engine, x) for x in (a, b, c)} == {"active"} and status(engine, m1) != "active"
     third = run(engine, deep, jobs=["compaction"], llm=llm, now=NOW + timedelta(days=3))
     assert [x for x in third["actions"] if x["action"] == "create_merged"] == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers moved to another thing; a bound turned around
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("first", "second", "merged"), [
+    ("Has 2 cats and 3 dogs", "Has two cats and three dogs", "Has 3 cats and 2 dogs"),
+    ("Pays 20 euros for 3 books", "Pays 20 euros for three books", "Pays 3 euros for 20 books"),
+    ("Works at Acme since 2019", "Has worked at Acme since 2019", "Worked at Acme until 2019"),
+])  # fmt: skip
+def test_a_merge_moving_a_number_or_turning_a_bound_is_caught(first, second, merged):
+    assert unsupported_facts(merged, [first, second]) != []
+
+
+@pytest.mark.parametrize(("first", "second", "merged"), [
+    ("Has 2 cats and 3 dogs", "Has two cats and three dogs", "Has 3 dogs and 2 cats"),
+    ("Wakes at 7 every day", "Wakes at 7 daily", "Wakes at 7 daily"),
+    ("Works at Acme since 2019", "Has worked at Acme since 2019", "Has worked at Acme since 2019"),
+])  # fmt: skip
+def test_a_merge_reordering_counted_things_passes(first, second, merged):
+    assert unsupported_facts(merged, [first, second]) == []
