@@ -1,5 +1,7 @@
 """What a text states — its numbers, dates, names, negations, directions, antonyms — and the
-checks built on them (pure functions, no database, no LLM).
+checks built on them (pure functions, no database, no LLM). How words are prepared, stemmed and
+kept as content words is jobs.text_words; forms a word comparison misses (negating prefixes,
+currency signs, a name split, a number moved to another thing) are jobs.text_forms.
 
     near_miss_reasons(a, b)          reason codes (number, date, negation, name, direction,
                                      antonym) why two look-alike texts must NOT be merged or
@@ -30,19 +32,19 @@ from __future__ import annotations
 
 import itertools
 import re
-import threading
-import unicodedata
 from collections.abc import Sequence
 
-import snowballstemmer
-
 from jobs.text_forms import moved, prefix_negated, signs, split_or_joined
+from jobs.text_words import content_keys
+from jobs.text_words import prepare as _prepare
+from jobs.text_words import stem as _stem
+from jobs.text_words import uncovered as _uncovered
+from jobs.text_words import word as _word
 
 # ---------------------------------------------------------------------------------------------
 # Near-miss guard
 # ---------------------------------------------------------------------------------------------
 
-_STEMMERS = threading.local()  # a Snowball stemmer keeps state while it stems: one per thread
 _TOKEN = re.compile(r"\w+(?:['.,:/-]\w+)*")
 # A token opens a sentence when only these stand between it and the text's start or a stop.
 _SENTENCE_STOPS = frozenset(".!?:;\n")
@@ -50,7 +52,6 @@ _SENTENCE_OPENERS = frozenset("\"'\u201c\u2018([*\u2022-")
 _DATE_TOKEN = re.compile(
     r"(?:19|20)\d{2}(?:-\d{1,2}(?:-\d{1,2})?)?|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
 )
-_CLOCK_SUFFIX = re.compile(r"(\d)\s*([ap])\.?m\b\.?", re.IGNORECASE)
 _DIGITS_COMMA = re.compile(r"(?<=\d),(?=\d{3}\b)")
 
 _UNIT_WORDS = (
@@ -119,76 +120,8 @@ _ANTONYM_GROUPS: tuple[tuple[frozenset[str], ...], ...] = tuple(
 )
 
 
-# Words that carry no fact of their own: a merge or summary may bring them in or leave them out.
-_FILLER_WORDS = frozenset({
-    "a", "an", "the", "and", "or", "but", "nor", "so", "yet", "of", "to", "in", "on", "at", "by",
-    "for", "with", "from", "into", "onto", "about", "as", "than", "then", "that", "this", "these",
-    "those", "there", "here", "which", "who", "whom", "whose", "what", "when", "where", "while",
-    "since", "until", "till", "also", "too", "both", "either", "each", "other", "another", "such",
-    "very", "really", "quite", "just", "still", "now", "currently", "usually", "generally",
-    "often", "is", "are", "was", "were", "be", "been", "being", "am", "has", "have", "had",
-    "having", "do", "does", "did", "doing", "it", "its", "itself", "they", "them", "their",
-    "theirs", "themselves", "he", "him", "his", "she", "her", "hers", "we", "us", "our", "you",
-    "your", "i", "me", "my", "mine", "myself", "one", "ones", "user", "users", "person",
-    "someone", "somebody", "people", "summary", "summarised", "summarized", "various", "several",
-    "including", "include", "includes",
-})  # fmt: skip
-_CONTENT_TOKEN = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
-# Scripts written without spaces between words (Chinese, Japanese, Thai, Lao, Khmer, Myanmar):
-# a token is a whole clause there, so each of their characters is compared on its own.
-_UNSPACED = re.compile(
-    "[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
-)
-_SHARED_STEM = 5  # "allerg"/"allergi" (allergic/allergy) are one word; "astro…" two
-
-
-def _content_keys(text: str) -> set[str]:
-    """The text's content words as comparison keys: casefolded and stemmed (English Snowball);
-    each character of a script written without spaces. Words of two letters count (a unit:
-    "km", "mg"). Negations, numbers and dates have checks of their own."""
-    keys = set()
-    for token in _CONTENT_TOKEN.findall(_prepare(text)):
-        if _UNSPACED.search(token):
-            keys.update(char for char in token if char.isalpha())
-            continue
-        word = _word(token)
-        if len(word) < 2 or word in _FILLER_WORDS or _is_negation(word):
-            continue
-        keys.add(_stem(word))
-    return keys
-
-
-def _same_word(a: str, b: str) -> bool:
-    """One stem the other's prefix, the shorter at least ``_SHARED_STEM`` letters long (Snowball
-    leaves "allergic" and "allergy" as "allerg" and "allergi"), or equal."""
-    short, long = sorted((a, b), key=len)
-    return a == b or (len(short) >= _SHARED_STEM and long.startswith(short))
-
-
-def _uncovered(keys: set[str], by: set[str]) -> set[str]:
-    """The keys no key of ``by`` is the same word as."""
-    return {k for k in keys if k not in by and not any(_same_word(k, b) for b in by)}
-
-
-def _stem(word: str) -> str:
-    stemmer = getattr(_STEMMERS, "english", None)
-    if stemmer is None:
-        stemmer = _STEMMERS.english = snowballstemmer.stemmer("english")
-    return stemmer.stemWord(word)
-
-
-def _prepare(text: str) -> str:
-    text = unicodedata.normalize("NFKC", text).replace("\u2019", "'").replace("\u2018", "'")
-    return _CLOCK_SUFFIX.sub(r"\1\2m", text)
-
-
 def _tokens(text: str) -> list[str]:
     return _TOKEN.findall(_prepare(text))
-
-
-def _word(token: str) -> str:
-    word = token.casefold()
-    return word[:-2] if word.endswith("'s") else word
 
 
 def _words(text: str) -> list[str]:
@@ -362,8 +295,8 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
     source_words = set().union(*(_words(s) for s in sources))
     text_words = set(_words(text))
     stated_names = set().union(*(_inner_names(s) for s in sources))
-    text_keys = _content_keys(text)
-    source_keys = [_content_keys(s) for s in sources]
+    text_keys = content_keys(text, _is_negation)
+    source_keys = [content_keys(s, _is_negation) for s in sources]
     shared_keys = {
         k for k in (source_keys[0] if source_keys else ())
         if not any(_uncovered({k}, other) for other in source_keys[1:])

@@ -139,6 +139,6 @@ def test_a_faithful_model_merge_is_applied(engine, settings, make_llm):
     ("astronomi", "astrolog", False),
 ])  # fmt: skip
 def test_one_stem_stands_for_another_from_five_letters(short, long, same):
-    from jobs.text_facts import _same_word
+    from jobs.text_words import same_word as _same_word
 
     assert _same_word(short, long) is same and _same_word(long, short) is same

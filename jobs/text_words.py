@@ -1,0 +1,92 @@
+"""Words of a text as jobs.text_facts compares them (pure functions): the text prepared, a token
+as a word, a word's English Snowball stem, and the content words a merged text must keep.
+
+    prepare(text)                 NFKC, curly apostrophes straightened, "7 pm" → "7pm"
+    word(token)                   casefolded, a trailing "'s" dropped
+    stem(word)                    English Snowball stem (one stemmer per thread)
+    content_keys(text, negation)  the stems of its content words (not filler, not a negation,
+                                  at least two letters), or the characters of a script written
+                                  without spaces
+    same_word(a, b) / uncovered(keys, by)   stems compared, one standing for a longer one it
+                                  begins from five letters
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import unicodedata
+from collections.abc import Callable
+
+import snowballstemmer
+
+_STEMMERS = threading.local()  # a Snowball stemmer keeps state while it stems: one per thread
+_CLOCK_SUFFIX = re.compile(r"(\d)\s*([ap])\.?m\b\.?", re.IGNORECASE)
+
+
+def prepare(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text).replace("\u2019", "'").replace("\u2018", "'")
+    return _CLOCK_SUFFIX.sub(r"\1\2m", text)
+
+
+def word(token: str) -> str:
+    folded = token.casefold()
+    return folded[:-2] if folded.endswith("'s") else folded
+
+
+# Words that carry no fact of their own: a merge or summary may bring them in or leave them out.
+_FILLER_WORDS = frozenset({
+    "a", "an", "the", "and", "or", "but", "nor", "so", "yet", "of", "to", "in", "on", "at", "by",
+    "for", "with", "from", "into", "onto", "about", "as", "than", "then", "that", "this", "these",
+    "those", "there", "here", "which", "who", "whom", "whose", "what", "when", "where", "while",
+    "since", "until", "till", "also", "too", "both", "either", "each", "other", "another", "such",
+    "very", "really", "quite", "just", "still", "now", "currently", "usually", "generally",
+    "often", "is", "are", "was", "were", "be", "been", "being", "am", "has", "have", "had",
+    "having", "do", "does", "did", "doing", "it", "its", "itself", "they", "them", "their",
+    "theirs", "themselves", "he", "him", "his", "she", "her", "hers", "we", "us", "our", "you",
+    "your", "i", "me", "my", "mine", "myself", "one", "ones", "user", "users", "person",
+    "someone", "somebody", "people", "summary", "summarised", "summarized", "various", "several",
+    "including", "include", "includes",
+})  # fmt: skip
+_CONTENT_TOKEN = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
+# Scripts written without spaces between words (Chinese, Japanese, Thai, Lao, Khmer, Myanmar):
+# a token is a whole clause there, so each of their characters is compared on its own.
+_UNSPACED = re.compile(
+    "[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"
+)
+_SHARED_STEM = 5  # "allerg"/"allergi" (allergic/allergy) are one word; "astro…" two
+
+
+def content_keys(text: str, negation: Callable[[str], bool]) -> set[str]:
+    """The text's content words as comparison keys: casefolded and stemmed (English Snowball);
+    each character of a script written without spaces. Words of two letters count (a unit:
+    "km", "mg"). Negations (``negation``), numbers and dates have checks of their own."""
+    keys = set()
+    for token in _CONTENT_TOKEN.findall(prepare(text)):
+        if _UNSPACED.search(token):
+            keys.update(char for char in token if char.isalpha())
+            continue
+        folded = word(token)
+        if len(folded) < 2 or folded in _FILLER_WORDS or negation(folded):
+            continue
+        keys.add(stem(folded))
+    return keys
+
+
+def same_word(a: str, b: str) -> bool:
+    """One stem the other's prefix, the shorter at least ``_SHARED_STEM`` letters long (Snowball
+    leaves "allergic" and "allergy" as "allerg" and "allergi"), or equal."""
+    short, long = sorted((a, b), key=len)
+    return a == b or (len(short) >= _SHARED_STEM and long.startswith(short))
+
+
+def uncovered(keys: set[str], by: set[str]) -> set[str]:
+    """The keys no key of ``by`` is the same word as."""
+    return {k for k in keys if k not in by and not any(same_word(k, b) for b in by)}
+
+
+def stem(text: str) -> str:
+    stemmer = getattr(_STEMMERS, "english", None)
+    if stemmer is None:
+        stemmer = _STEMMERS.english = snowballstemmer.stemmer("english")
+    return stemmer.stemWord(text)
