@@ -438,3 +438,24 @@ def test_a_merge_moving_a_number_or_turning_a_bound_is_caught(first, second, mer
 ])  # fmt: skip
 def test_a_merge_reordering_counted_things_passes(first, second, merged):
     assert unsupported_facts(merged, [first, second]) == []
+
+
+def test_offline_a_merged_record_takes_in_an_exact_duplicate_within_the_depth(engine, settings):
+    """Offline the candidates are streamed inside the batch transaction; the rows a merged record
+    stands for are read in between, on the same connection."""
+    from datetime import timedelta
+
+    from tests.store import NOW
+
+    deep = settings.model_copy(update={"compaction": settings.compaction.model_copy(
+        update={"max_merge_depth": 2})})  # fmt: skip
+    for days in (9, 8):
+        add(engine, "u1", "Plays the oboe", embedding=E0, created_at=days_ago(days))
+    add(engine, "u2", "Plays the oboe", embedding=E0, created_at=days_ago(9))
+    first = run(engine, deep, jobs=["compaction"], llm=None)
+    assert first["totals"]["by_action"] == {"create_merged": 1, "merge": 2}
+    late = add(engine, "u1", "Plays the oboe.", embedding=E0, created_at=days_ago(1))
+    add(engine, "u2", "Plays the oboe.", embedding=E0, created_at=days_ago(1))
+    second = run(engine, deep, jobs=["compaction"], llm=None, now=NOW + timedelta(days=1))
+    assert second["totals"]["by_action"] == {"create_merged": 2, "merge": 4}
+    assert status(engine, late) == "merged"
