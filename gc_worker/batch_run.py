@@ -29,6 +29,8 @@ from gc_worker.execute import execute
 from gc_worker.queries import q
 
 log = structlog.get_logger("memory_gc")
+
+BATCH_LOCK_TIMEOUT_MS = 60_000  # the batch transaction's wait for its batch row
 # The batches this thread committed, until the caller takes them (``take_committed``; the
 # daemon does, in the on_batch callback this thread makes next): a daemon's own batches, which
 # gc_run_batches.worker (the process's WORKER_ID) cannot tell apart from another daemon's of
@@ -137,7 +139,8 @@ def _commit_batch(
     """The claimed batch's transaction: plan (unless ``early`` holds the plan made before it),
     apply or store, mark done; None if the batch was finished meanwhile."""
     with transaction(engine) as conn:
-        conn.execute(q("batch_lock_timeout"))
+        # it waits for no row lock but possibly its batch row's (lock_batch): bounded
+        conn.execute(q("local_lock_timeout"), {"ms": BATCH_LOCK_TIMEOUT_MS})
         batch = conn.execute(q("lock_batch"), {"run_id": run["id"], "batch_no": batch_no}).first()
         if batch is None:
             return None  # finished meanwhile by a worker whose claim was lost

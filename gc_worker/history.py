@@ -4,7 +4,7 @@ Every applied run writes a ``gc_actions`` row per action (the row's prior state,
 every plan its planned actions, plus ``gc_run_batches`` and ``gc_run_llm_spend`` rows. ``prune``
 deletes the history of runs that ended more than ``[history] retention_days`` ago, in
 transactions of at most ``chunk_rows`` rows each (a few thousand), each waiting at most two
-seconds for a row lock (``history_lock_timeout``): a run another transaction holds is left for
+seconds for a row lock (``LOCK_TIMEOUT_MS``): a run another transaction holds is left for
 the next prune (``busy_runs``). A plan and the run that applied it go together.
 
 Options (``Settings.history``):
@@ -34,8 +34,9 @@ its nightly run) call it.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -54,6 +55,7 @@ from gc_worker.queries import q
 log = structlog.get_logger("memory_gc")
 
 CHUNK_ROWS = 5000  # rows per transaction: a lock held by a prune is held for one slice
+LOCK_TIMEOUT_MS = 2000  # a prune's wait for a row lock: it leaves the run rather than wait
 _FIRST = {"batch_no": -(2**31), "seq": -(2**31), "id": -(2**63)}
 
 
@@ -162,27 +164,30 @@ def _prune_run(conn: Connection, run_id: UUID, result: PruneResult, limit: int) 
 def _record_figures(conn: Connection, run_id: UUID) -> None:
     """Before anything of the run goes, keep its report's figures on its gc_runs row (once):
     a report of what is left then shows the whole run's totals and says it was pruned."""
-    try:
-        with translated_errors(), conn.begin():
-            conn.execute(q("history_lock_timeout"))
-            if conn.execute(q("history_lock_run"), {"run_id": run_id}).first() is None:
-                raise _Busy
-            if conn.execute(q("history_figures_recorded"), {"run_id": run_id}).scalar():
-                return
-            figures = json.dumps(report.recorded_figures(conn, run_id))
-            conn.execute(q("history_record_figures"), {"run_id": run_id, "figures": figures})
-    except WriteConflict:
-        raise _Busy from None
+    with _short_transaction(conn, run_id, lock_run=True):
+        if conn.execute(q("history_figures_recorded"), {"run_id": run_id}).scalar():
+            return
+        figures = json.dumps(report.recorded_figures(conn, run_id))
+        conn.execute(q("history_record_figures"), {"run_id": run_id, "figures": figures})
 
 
 def _slice(conn: Connection, run_id: UUID, name: str, params: dict[str, Any], apply: bool) -> Any:
     """One statement in its own short transaction; applying, with the run's row locked."""
+    with _short_transaction(conn, run_id, lock_run=apply):
+        return conn.execute(q(name), {"run_id": run_id, **params}).one()
+
+
+@contextlib.contextmanager
+def _short_transaction(conn: Connection, run_id: UUID, *, lock_run: bool) -> Iterator[None]:
+    """A transaction of the prune's that waits at most LOCK_TIMEOUT_MS for a row lock (a run or
+    sweep request row another transaction holds), holding the run's row if ``lock_run``: _Busy
+    when another transaction holds what it needs (the run is left for the next prune)."""
     try:
         with translated_errors(), conn.begin():
-            conn.execute(q("history_lock_timeout"))
-            if apply and conn.execute(q("history_lock_run"), {"run_id": run_id}).first() is None:
+            conn.execute(q("local_lock_timeout"), {"ms": LOCK_TIMEOUT_MS})
+            if lock_run and conn.execute(q("history_lock_run"), {"run_id": run_id}).first() is None:
                 raise _Busy
-            return conn.execute(q(name), {"run_id": run_id, **params}).one()
+            yield
     except WriteConflict:
         raise _Busy from None
 
@@ -200,12 +205,11 @@ def _drop_run_rows(
         return
     for run in sorted(emptied.values(), key=lambda r: r.plan_run_id is None):
         try:
-            with translated_errors(), conn.begin():
-                conn.execute(q("history_lock_timeout"))
+            with _short_transaction(conn, run.id, lock_run=False):
                 if conn.execute(q("history_run_left"), {"run_id": run.id}).scalar():
                     result.kept_runs += 1
                     continue
                 result.runs += len(conn.execute(q("history_delete_run"), {"run_id": run.id}).all())
-        except WriteConflict:
+        except _Busy:
             result.busy_runs.append(run.id)
             log.info("gc.history.busy", run_id=str(run.id))

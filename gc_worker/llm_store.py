@@ -83,7 +83,7 @@ class RunSpend:
         waited = SPEND_LOCK_TIMEOUT_MS
         try:
             with self._engine.begin() as conn:
-                conn.execute(q("spend_lock_timeout"), {"ms": waited})
+                conn.execute(q("local_lock_timeout"), {"ms": waited})
                 yield conn
         except sa.exc.OperationalError as exc:
             if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:

@@ -6,11 +6,6 @@ SELECT pg_try_advisory_lock(4242003, 0)
 -- Let the next prune in.
 SELECT pg_advisory_unlock(4242003, 0)
 
--- history_lock_timeout --
--- A prune transaction waits at most this for a row lock (a sweep request or run row another
--- transaction holds): the run is left for the next prune rather than anyone kept waiting.
-SET LOCAL lock_timeout = '2s'
-
 -- history_runs --
 -- Runs whose history may go: ended (not running) before :cutoff, and so did the plan they
 -- applied and the run that applied them (the pair goes together); none a pending erasure

@@ -17,11 +17,6 @@ FROM jsonb_to_recordset(CAST(:items AS jsonb))
      AS r(user_id text, kind text, memory_ids jsonb, reason text, details jsonb)
 RETURNING id
 
--- spend_lock_timeout --
--- The spend statements' transaction waits at most this long (ms) for the run's row: each holds
--- it for one statement, so only an application's (or a stuck) transaction holds it longer.
-SELECT set_config('lock_timeout', CAST(:ms AS text), true)
-
 -- run_llm_spend_open --
 -- A process joins a run's model budget: what the run's batches recorded (:calls, :tokens) is
 -- spent at least (a run begun before migration 0013, or whose ledger lags behind them); the

@@ -18,15 +18,17 @@ SELECT DISTINCT user_id FROM memories WHERE user_id = ANY(:users)
 INSERT INTO gc_runs (id, mode, trigger, now, users, jobs, settings, plan_run_id)
 VALUES (:id, :mode, :trigger, :now, :users, :jobs, CAST(:settings AS jsonb), :plan_run_id)
 
--- batch_lock_timeout --
--- The batch transaction waits for no row lock but possibly its batch row's (lock_batch): bounded.
-SET LOCAL lock_timeout = '60s'
+-- local_lock_timeout --
+-- For the rest of this transaction, wait at most :ms milliseconds for any lock (each caller
+-- names its bound and why).
+SELECT set_config('lock_timeout', CAST(:ms AS text), true)
 
 -- lock_batch --
 -- The batch row of a claimed batch (gc_worker.claims), locked for the transaction that
 -- applies it; nothing if it is no longer pending. Another transaction holds it only if that
 -- worker's claim was lost (its claiming session was ended) while its batch transaction runs:
--- wait for it (batch_lock_timeout), then the row is done and this worker moves on.
+-- wait for it (batch_run.BATCH_LOCK_TIMEOUT_MS), then the row is done and this worker moves
+-- on.
 SELECT batch_no, users, work
 FROM gc_run_batches
 WHERE run_id = :run_id AND batch_no = :batch_no AND state = 'pending'
