@@ -459,3 +459,18 @@ def test_offline_a_merged_record_takes_in_an_exact_duplicate_within_the_depth(en
     second = run(engine, deep, jobs=["compaction"], llm=None, now=NOW + timedelta(days=1))
     assert second["totals"]["by_action"] == {"create_merged": 2, "merge": 4}
     assert status(engine, late) == "merged"
+
+
+@pytest.mark.parametrize(("similarity", "joins"), [(0.851, True), (0.849, False)])
+def test_a_row_at_the_threshold_of_a_records_source(similarity, joins):
+    """Just inside and just outside `similarity` to one row the record stands for (the record
+    itself and its other source are near): the row joins the record's group only inside."""
+    import math
+
+    record = row("r", _angle(8), source="gc_merge", metadata={"merge_depth": 1})
+    edge = math.degrees(math.acos(similarity))  # from the source at 0°
+    candidate = row("c", _angle(edge))
+    ancestors = {record.id: [_angle(0), _angle(16)]}
+    groups, _ = find_groups([record, candidate], similarity=0.85, max_group_size=8,
+                            max_merge_depth=3, dim=TEST_DIM, ancestors=ancestors)  # fmt: skip
+    assert (groups != []) is joins
