@@ -194,8 +194,10 @@ class Daemon(DuePlans, SweepServing):
         orphans wait for a later upkeep. A run now too old (the apply of a plan `apply` would
         refuse, a run whose instant is as far behind) or made with settings this version
         refuses is closed, not finished (scheduler.close_unresumable). First, sweep runs a dying
-        daemon created but never recorded on their request are closed (daemon_sweeps)."""
+        daemon created but never recorded on their request are closed (daemon_sweeps), and so
+        are the runs nothing resumes that a killed process left (scheduler.close_stopped_runs)."""
         self._close_unrecorded_sweeps()
+        self._close_stopped_runs()
         if not self._nightly.acquire(blocking=False):
             return []
         try:
@@ -320,6 +322,13 @@ class Daemon(DuePlans, SweepServing):
             return self.stopping()
 
         return should_stop
+
+    def _close_stopped_runs(self) -> None:
+        """Close the runs nothing resumes that a killed process left running
+        (scheduler.close_stopped_runs), counting each as a finished run."""
+        lease = self.settings.run.lease_seconds
+        for run_id in scheduler.close_stopped_runs(self.engine, lease_seconds=lease):
+            self._count(self.metrics.run_finished, run_id)
 
     def _orphaned_runs(self) -> list[UUID]:
         with self.engine.connect() as conn:

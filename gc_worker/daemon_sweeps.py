@@ -28,9 +28,7 @@ from gc_worker.db import describe_error
 from gc_worker.engine import RunRequest, resolve_jobs, start_run
 from gc_worker.errors import NotFoundError
 from gc_worker.metrics import Metrics
-from gc_worker.run_record import load_run
-
-SWEEP_TRIGGER = "sweep"
+from gc_worker.run_record import SWEEP_TRIGGER, load_run
 
 
 class SweepServing:

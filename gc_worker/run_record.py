@@ -20,6 +20,7 @@ APPLY_TRIGGER = "nightly_apply"  # … and its applies of nightly plans (plan_th
 # Runs a daemon's upkeep takes up again when they are left running with nobody working them
 # (gc_worker.daemon): losing the database leaves them so, instead of failing them.
 RESUMED_TRIGGERS = (NIGHTLY_TRIGGER, APPLY_TRIGGER)
+SWEEP_TRIGGER = "sweep"  # a daemon's on-demand sweep of one user (gc_worker.daemon_sweeps)
 
 
 def load_run(conn: Connection, run_id: UUID) -> dict[str, Any]:

@@ -39,7 +39,14 @@ from gc_worker.db import transaction
 from gc_worker.engine import RunRequest, resolve_jobs, start_run
 from gc_worker.errors import ConfigError, UsageError
 from gc_worker.queries import q
-from gc_worker.run_record import APPLY_TRIGGER, NIGHTLY_TRIGGER, load_run, settings_of
+from gc_worker.run_record import (
+    APPLY_TRIGGER,
+    NIGHTLY_TRIGGER,
+    RESUMED_TRIGGERS,
+    SWEEP_TRIGGER,
+    load_run,
+    settings_of,
+)
 
 log = structlog.get_logger("memory_gc")
 
@@ -298,6 +305,25 @@ def close_unresumable(engine: Engine, run_id: UUID, max_age_hours: float, now: d
                 log.warning("gc.schedule.run_not_resumed", run_id=str(run_id), error=str(exc))
             return True
     return False
+
+
+STOPPED = (
+    "stopped: no process has worked this run since its process was killed or lost the "
+    "database; the batches it committed stay applied, the others were never applied. For an "
+    "apply, `memory-gc apply PLAN_ID` takes up the rest; otherwise start a new run"
+)
+
+
+def close_stopped_runs(engine: Engine, *, lease_seconds: float) -> list[UUID]:
+    """Fail the runs nothing resumes (not the daemon's, not a sweep's) left running by a
+    process that died, a lease after they started (``close_stopped_runs``). Returns them."""
+    kept = [*RESUMED_TRIGGERS, SWEEP_TRIGGER]
+    params = {"kept": kept, "lease": lease_seconds, "error": STOPPED}
+    with transaction(engine) as conn:
+        closed = list(conn.execute(q("close_stopped_runs"), params).scalars())
+    for run_id in closed:
+        log.warning("gc.schedule.stopped_run_closed", run_id=str(run_id))
+    return closed
 
 
 def _check_run_age(run: dict[str, Any], max_age_hours: float, now: datetime) -> None:

@@ -302,6 +302,24 @@ WHERE r.id = :run_id AND r.status = 'running'
   AND NOT EXISTS (SELECT FROM gc_sweep_requests s
                   WHERE s.run_id = r.id AND s.status IN ('pending', 'running'))
 
+-- close_stopped_runs --
+-- Fail the runs nothing resumes (a `run`, an `apply`, a `forget --now`: not the daemon's, which
+-- it resumes, nor a sweep's, unrecorded_sweep_runs) that are still running, started more than a
+-- lease ago (their process has long taken part: lock_run_shared), and that nobody works: their
+-- process was killed or lost the database. Otherwise they stayed running for ever, and history
+-- retention, which prunes only runs that ended, kept them for ever too. An apply closed so is
+-- still taken up again by `apply` of its plan (start_apply: its pending batches).
+UPDATE gc_runs r SET status = 'failed', finished_at = clock_timestamp(), error = :error
+WHERE r.status = 'running' AND NOT (r.trigger = ANY(CAST(:kept AS text[])))
+  AND r.started_at < clock_timestamp() - make_interval(secs => :lease)
+  AND NOT EXISTS (
+      SELECT 1 FROM pg_locks l
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+        AND l.classid = 4242002
+        AND l.objid = CAST(hashtext(CAST(r.id AS text)) AS oid))
+RETURNING r.id
+
 -- get_sweep_request --
 -- One request.
 SELECT * FROM gc_sweep_requests WHERE id = :id
