@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
@@ -40,11 +41,20 @@ def record(
         return
     prior = prior or {}
     driver = conn.connection.driver_connection
-    with driver.cursor() as cursor, cursor.copy(COPY_ACTIONS) as copy:
-        for seq, action in enumerate(actions, start=seq_start):
-            copy.write_row(
-                _copy_row(run_id, batch_no, seq, action, outcome, prior.get(action.memory_id))
-            )
+    try:
+        with driver.cursor() as cursor, cursor.copy(COPY_ACTIONS) as copy:
+            for seq, action in enumerate(actions, start=seq_start):
+                copy.write_row(
+                    _copy_row(run_id, batch_no, seq, action, outcome, prior.get(action.memory_id))
+                )
+    except psycopg.Error as exc:  # the driver's own statement: raised as SQLAlchemy's are, so
+        # a conflict (a lock_timeout on the run's row, its foreign key) is retried and a lost
+        # connection stops the run (db.translated_errors) instead of failing the batch
+        lost = conn.dialect.is_disconnect(exc, driver, None)
+        raise sa.exc.DBAPIError.instance(
+            COPY_ACTIONS, None, exc, psycopg.Error, hide_parameters=True,
+            connection_invalidated=lost, dialect=conn.dialect,
+        ) from exc  # fmt: skip
 
 
 COPY_ACTIONS = (

@@ -6,6 +6,7 @@ the next run reaches the same end state as an undisturbed run on an identical co
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -414,6 +415,61 @@ class TestDatabaseLost:
         check_interrupted(engine, before, failed_batch=1)
         monkeypatch.undo()
         converge(engine, twin, ids, BATCHED)
+
+    def test_backend_killed_as_the_audit_is_written(self, engine, twin, monkeypatch):
+        """The batch's connection dies as its audit rows are copied (the COPY is the driver's
+        own, under SQLAlchemy): a lost database, not a failed batch."""
+        ids = seed_both(engine, twin, [r for u in USERS for r in lifecycle_rows(u)])
+        before = full_snapshot(engine)
+        real, copies = audit.record, []
+
+        def killing(conn, run_id, batch_no, actions, **kwargs):
+            if actions:
+                copies.append(batch_no)
+                if len(copies) == 2:  # the second batch's
+                    terminate_backend(conn)
+            return real(conn, run_id, batch_no, actions, **kwargs)
+
+        monkeypatch.setattr(audit, "record", killing)
+        with pytest.raises(DatabaseUnavailable, match="connection failed mid-transaction"):
+            run(engine, BATCHED)
+        check_interrupted(engine, before, failed_batch=1)
+        monkeypatch.undo()
+        converge(engine, twin, ids, BATCHED)
+
+    def test_lock_timeout_as_the_audit_is_written_is_retried(self, engine, twin, monkeypatch):
+        """The audit's COPY waits for the run's row (its foreign key) while another session
+        holds it, past the batch's lock_timeout: a conflict, retried — the COPY's error is the
+        driver's own, and the batch used to be marked failed for it."""
+        from gc_worker import batch_run
+
+        ids = seed_both(engine, twin, [r for u in USERS for r in lifecycle_rows(u)])
+        monkeypatch.setattr(batch_run, "BATCH_LOCK_TIMEOUT_MS", 300)
+        real, held, locked, release = audit.record, [], threading.Event(), threading.Event()
+
+        def hold_run_row(run_id: UUID) -> None:
+            with engine.begin() as other:
+                other.execute(sa.text("SELECT 1 FROM gc_runs WHERE id = :r FOR UPDATE"),
+                              {"r": run_id})  # fmt: skip
+                locked.set()
+                release.wait(30)
+
+        def contended(conn, run_id, batch_no, actions, **kwargs):
+            if actions and not held:  # the first batch's first try: its COPY times out
+                held.append(threading.Thread(target=hold_run_row, args=(run_id,)))
+                held[0].start()
+                locked.wait(10)
+            elif actions and not release.is_set():  # tried again: the other session is done
+                release.set()
+                held[0].join(10)
+            return real(conn, run_id, batch_no, actions, **kwargs)
+
+        monkeypatch.setattr(audit, "record", contended)
+        report = run(engine, BATCHED)
+        assert report["status"] == "completed", report.get("failed_batches")
+        monkeypatch.undo()
+        run(twin, BATCHED)  # undisturbed
+        assert end_state(engine, ids) == end_state(twin, ids)
 
     @pytest.mark.slow
     def test_server_restarted_mid_run(self, engine, twin, monkeypatch, pg_server):
