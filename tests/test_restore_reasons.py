@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from uuid import UUID
 
-from gc_worker import restore
+from gc_worker import erasure, restore
 from gc_worker.cli import main
 from gc_worker.config import Settings
 from tests.store import NOW, add, days_ago, execute, run, status
@@ -124,3 +124,21 @@ def test_a_row_a_later_run_retired_then_the_application_changed_reads_changed_si
     execute(engine, "UPDATE memories SET content = 'Had a dog' WHERE id = :id", id=record)
     result = restore.restore_run(engine, UUID(run_id), now=later_now + timedelta(hours=1))
     assert skipped(engine, result.run_id)[str(record)] == ("changed_since", "create_merged")
+
+
+def test_a_row_erased_then_purged_by_the_shorter_deleted_window_reads_erased(engine):
+    """[erasure] retention_days longer than [hard_delete] retention_days (a hold on erased
+    rows): the erased row goes after the deleted rows' window (reason retention_deleted,
+    details.status_reason erasure). A restore of the run that had soft-deleted it says
+    `erased`, as for any erased row (it said `purged`, as if no request had erased it)."""
+    settings = Settings.model_validate(
+        {"embeddings": {"dim": 8}, "hard_delete": {"retention_days": 2},
+         "erasure": {"retention_days": 5}}
+    )  # fmt: skip
+    m = add(engine, "u1", "Is in Rome this week", expires_at=days_ago(1))
+    ttl = run(engine, settings, jobs=["ttl_expiry"])
+    erasure.forget(engine, settings, now=NOW + timedelta(hours=1), memory_id=m)
+    run(engine, settings, jobs=["erasure"], now=NOW + timedelta(hours=1))
+    assert purge(engine, settings, NOW + timedelta(days=3)) == {str(m)}
+    result = restore.restore_run(engine, UUID(ttl["run_id"]), now=NOW + timedelta(days=3))
+    assert skipped(engine, result.run_id) == {str(m): ("erased", "soft_delete")}

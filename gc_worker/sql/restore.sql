@@ -215,7 +215,11 @@ FROM unnest(CAST(:ids AS uuid[]), CAST(:users AS text[]), CAST(:action_ids AS bi
             CAST(:actions AS text[])) AS s(id, user_id, action_id, action)
 LEFT JOIN memories m ON m.id = s.id
 CROSS JOIN LATERAL (
-    SELECT coalesce(bool_or(h.reason LIKE '%erasure%'), false) AS erased,
+    -- purged as erased: by an erasure, or by hard_delete under either window (an erased row
+    -- the deleted rows' shorter window took reads retention_deleted; its details say erased)
+    SELECT coalesce(bool_or(h.reason LIKE '%erasure%'
+                            OR h.details ->> 'status_reason' IN ('erasure', 'erasure_tombstone')),
+                    false) AS erased,
            count(*) > 0 AS purged
     FROM gc_actions h
     WHERE h.memory_id = s.id AND h.action = 'hard_delete' AND h.outcome = 'applied') AS gone
