@@ -9,8 +9,9 @@ final "ς" stays, and under a Turkish collation "I" becomes "ı". An erasure's s
 hash, and an application's ``memory_gc_is_tombstoned`` check, then missed such texts. Before
 18 the fold is now Python's own table, generated here: a jsonb map of the 1,500-odd characters
 that fold, applied character by character, and plain ASCII (most text) only through A-Z.
-PostgreSQL 18+ keeps ``casefold``. Indexes of the application's on the hash (or on a function
-calling it) are rebuilt.
+PostgreSQL 18+ keeps ``casefold``, unless the function folds with ``lower`` (0003 ran before
+the server was upgraded to 18; pg_upgrade keeps functions): it gets ``casefold``. Indexes of the
+application's on the hash (or on a function calling it) are rebuilt when the function changes.
 """
 
 import json
@@ -32,6 +33,9 @@ def upgrade() -> None:
     if not erasure._has_unicode_casefold():
         op.execute(_replace(erasure.normalise_function(python_fold("s"))))
         _reindex(op.get_bind())
+    elif not _folds_fully(op.get_bind()):  # lower(), from 0003 on a server before 18
+        op.execute(_replace(erasure.normalise_function("casefold(s COLLATE pg_unicode_fast)")))
+        _reindex(op.get_bind())
 
 
 def downgrade() -> None:
@@ -39,6 +43,11 @@ def downgrade() -> None:
     if not erasure._has_unicode_casefold():
         op.execute(_replace(erasure.normalise_function("lower(s)")))
         _reindex(op.get_bind())
+
+
+def _folds_fully(bind) -> bool:
+    """The installed normaliser folds "ß" to "ss", as casefold does and lower() does not."""
+    return bind.exec_driver_sql("SELECT memory_gc_normalise('ß') = 'ss'").scalar()
 
 
 def hash_indexes(bind) -> list[str]:
