@@ -67,6 +67,21 @@ def counts(url: str) -> dict[str, int]:
         engine.dispose()
 
 
+def outcomes(url: str) -> list[str]:
+    """The outcomes of the applies of the old plan's soft delete."""
+    engine = db.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(
+                conn.exec_driver_sql(
+                    "SELECT a.outcome FROM gc_actions a JOIN gc_runs r ON r.id = a.run_id"
+                    f" WHERE r.plan_run_id = '{PLAN}' AND a.action = 'soft_delete'"
+                ).scalars()
+            )
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.slow
 class TestUpgradeWithData:
     @pytest.mark.parametrize("revision", [f"{n:04d}" for n in range(1, 17)])
@@ -86,7 +101,9 @@ class TestUpgradeWithData:
         assert "run `memory-gc migrate`" in capsys.readouterr().err
         assert cli.main(["migrate"]) == 0, capsys.readouterr()
         assert counts(empty_database_url) == before
-        for args in (["apply", PLAN], ["schedule", "--once-due"], ["run"], ["report", RUNNING]):
+        assert cli.main(["apply", PLAN]) == 0, capsys.readouterr()
+        assert outcomes(empty_database_url) == ["applied"]  # the row did not move: no drift
+        for args in (["schedule", "--once-due"], ["run"], ["report", RUNNING]):
             assert cli.main(args) == 0, (args, capsys.readouterr())
 
 
