@@ -22,7 +22,9 @@ from sqlalchemy.engine import Connection, Engine
 from gc_worker import adoption
 from gc_worker.adoption_columns import dim_mismatch
 from gc_worker.adoption_guards import ROW_SECURITY, row_security_hides_rows
+from gc_worker.db import describe_error
 from gc_worker.errors import ConfigError, DatabaseUnavailable, SchemaOutdated
+from gc_worker.queries import q
 
 VERSION_TABLE = "memory_gc_alembic_version"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -46,6 +48,7 @@ STATEMENT_TIMEOUT_CANCELLED = (
     "options), or run docs/operations.md's online statements first on a large table"
 )
 CANCELLED = {"57014", "25P04"}  # query_canceled, transaction_timeout
+INSUFFICIENT_PRIVILEGE = "42501"  # an upgrade run as a role that does not own the schema
 # (name, value while waiting for another migrate, value after: the URL's, else this)
 _TIMEOUTS = (
     ("lock_timeout", MIGRATE_LOCK_TIMEOUT, "default"),
@@ -118,6 +121,8 @@ def migrate(engine: Engine, *, embedding_dim: int) -> tuple[str | None, str]:
         except sa.exc.DBAPIError as exc:  # a transaction_timeout is an InternalError
             if getattr(exc.orig, "sqlstate", None) in CANCELLED:
                 raise ConfigError(STATEMENT_TIMEOUT_CANCELLED) from None
+            if getattr(exc.orig, "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
+                raise ConfigError(_not_permitted(engine, exc)) from None
             if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
                 raise
             if attempt == MIGRATE_ATTEMPTS:
@@ -130,6 +135,18 @@ def migrate(engine: Engine, *, embedding_dim: int) -> tuple[str | None, str]:
                 ) from None
         time.sleep(attempt)
         attempt += 1
+
+
+def _not_permitted(engine: Engine, exc: sa.exc.DBAPIError) -> str:
+    """What to do when the server refused a change of the schema to this role (the daemon's
+    role, granted use of the tables but not their owner): migrate as gc_runs's owner."""
+    with engine.connect() as conn:
+        role, owner = conn.execute(q("migrate_role_and_owner")).one()
+    who = f"role {owner} (which owns gc_runs)" if owner else "the role that owns the store"
+    return (
+        f"role {role} may not change memory-gc's schema ({describe_error(exc)}); nothing was "
+        f"changed: run `memory-gc migrate` as {who}, or a member of it"
+    )
 
 
 def _migrate(engine: Engine, embedding_dim: int) -> tuple[str | None, str]:

@@ -4,6 +4,8 @@ migration made differently on another server is brought in line."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -143,3 +145,38 @@ class TestFoldAfterAServerUpgrade:
             built = conn.exec_driver_sql(node).scalar()
             command.upgrade(cfg, "head")
             assert conn.exec_driver_sql(node).scalar() == built
+
+
+class TestUpgradeAsAnotherRole:
+    def test_a_role_that_does_not_own_the_schema_is_told_which_does(
+        self, pg_server, empty_database_url, monkeypatch, capsys
+    ):
+        """An upgrade run as the daemon's role (granted use of the tables, not their owner)
+        failed at its first ALTER with exit 1 and the server's "must be owner of table
+        gc_runs": now exit 2 naming the role to migrate as, and nothing changed."""
+        role = f"gc_upgrader_{os.getpid()}"
+        pg_server.psql(f"CREATE ROLE {role} LOGIN;")
+        try:
+            with migrating(empty_database_url) as (cfg, conn):
+                command.upgrade(cfg, "0014")
+                conn.exec_driver_sql(
+                    f"GRANT CREATE ON SCHEMA public TO {role};"
+                    f" GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}"
+                )
+            url = empty_database_url.replace("postgres:@", f"{role}:@", 1)
+            monkeypatch.setenv("MEMORY_GC_DATABASE_URL", url)
+            monkeypatch.setenv("MEMORY_GC_EMBEDDINGS__DIM", str(TEST_DIM))
+            code = cli.main(["migrate"])
+            err = capsys.readouterr().err
+        finally:
+            with migrating(empty_database_url) as (_, conn):
+                conn.exec_driver_sql(f"DROP OWNED BY {role}")
+            pg_server.psql(f"DROP ROLE IF EXISTS {role};")
+        assert code == 2, err
+        assert f"role {role} may not" in err and "must be owner of table gc_runs" in err
+        assert "run `memory-gc migrate` as role postgres" in err
+        engine = db.make_engine(empty_database_url)
+        try:
+            assert schema.current_revision(engine) == "0014"
+        finally:
+            engine.dispose()

@@ -6,6 +6,11 @@ SELECT current_user AS role_name, current_database() AS database_name,
        coalesce(has_schema_privilege(current_schema(), 'CREATE'), false) AS can_create,
        has_database_privilege(current_database(), 'TEMPORARY') AS can_create_temp
 
+-- migrate_role_and_owner --
+-- Who migrates, and the owner of memory-gc's tables (NULL before the first migrate).
+SELECT current_user AS role_name,
+       (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass('gc_runs')) AS owner
+
 -- relation_of --
 -- A relation of the search path by name: its kind, owner, and whether this role may alter it.
 SELECT c.relkind, pg_get_userbyid(c.relowner) AS owner, pg_has_role(c.relowner, 'USAGE') AS owned
