@@ -16,7 +16,9 @@ Per user, over active rows (jobs.contradiction_rules has the rules in full):
    trusted than the loser, or the loser is pinned: then a ``review`` (kind contradiction,
    memory_ids [older, newer]) and no change. Two rows written together (same start,
    ``observed_at`` and ``created_at``: neither is newer) → ``review`` (reason ``no_newer``),
-   unless declared.
+   unless declared. Declarations on a cycle (A supersedes B, B supersedes A) → ``review``
+   (reason ``declared_cycle``). A declarer obsoleted by another declaration in the same run
+   still closes what it declared (a chain v3 → v2 → v1 is decided whole, whatever the ids).
 3. Other pairs at or above ``similarity`` (not exact duplicates — compaction's —, not a
    newer temporary override, not of two scopes: two topic areas, e.g. two projects'
    deadlines) go
@@ -47,9 +49,11 @@ from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
 from gc_worker.queries import q
 from jobs.contradiction_rules import (
+    DECLARED_CYCLE,
     NAME,
     Pair,
     decide,
+    declared_cycles,
     declared_pairs,
     ended,
     ordered,
@@ -83,7 +87,11 @@ class _Plan:
         self.lost: set[Any] = set()
 
     def open(self, pair: Pair) -> bool:
-        return pair.key not in self.handled and not ({pair.older.id, pair.newer.id} & self.lost)
+        """Not settled yet, and neither row obsoleted in this run — but a declarer that was
+        keeps closing its own target: no later run sees its declaration again (it is no longer
+        active), and with no cycles (``declared_cycles``) no row is closed for its own loser."""
+        gone = {pair.loser.id} if pair.basis == "declared" else {pair.older.id, pair.newer.id}
+        return pair.key not in self.handled and not (gone & self.lost)
 
     def add(self, pair: Pair, action: Action | None) -> None:
         self.handled.add(pair.key)
@@ -110,9 +118,12 @@ def plan_contradiction(
     finished = validity_ended(rows, now=now)
     state.actions += [ended(row) for row in finished]
     live = [r for r in rows if r.valid_until is None or r.valid_until > now]
-    for pair in [*declared_pairs(live), *slot_pairs(live)]:
+    declared = declared_pairs(live)
+    cycles = declared_cycles(declared)
+    for pair in [*declared, *slot_pairs(live, now=now)]:
         if state.open(pair):
-            state.add(pair, decide(pair, now=now))
+            on_cycle = pair.basis == "declared" and pair.key in cycles
+            state.add(pair, review(pair, DECLARED_CYCLE) if on_cycle else decide(pair, now=now))
     kept, vectors, skipped = with_embeddings([r for r in live if r.id not in state.lost], dim)
     by_id = {row.id: row for row in kept}
     scored = pairs_above([r.id for r in kept], vectors, similarity=similarity)

@@ -11,10 +11,13 @@ orders them by id (the read rule ranks a slot the same way), but no pair of them
 
 - ``validity_ended``: unpinned rows whose ``valid_until <= now`` → obsolete (validity_ended).
 - ``declared_pairs``: a row's ``supersedes`` names another row of the same user → the declarer
-  is the winner (reason ``superseded``).
+  is the winner (reason ``superseded``), the earliest-starting declarer first. Declarations on
+  a cycle (A supersedes B … supersedes A: ``declared_cycles``) contradict each other: a
+  review (``declared_cycle``, no proposed winner).
 - ``slot_pairs``: among a slot's open-ended rows (no ``valid_until``) the slot's holder is the
-  newest of the most trusted; every older row loses to it (reason ``slot_replaced``) and every
-  newer, less trusted row would win by recency but may not (→ review).
+  newest of the most trusted that has taken effect (a row starting after ``now`` waits); every
+  older row loses to it (reason ``slot_replaced``) and every newer, less trusted row would win
+  by recency but may not (→ review).
 - ``decide(pair, now)``: the winner obsoletes the loser only if the winner is not a temporary
   override (has ``valid_until``: it shadows, never obsoletes), has taken effect (its start is
   not after ``now``), the loser is not pinned (→ review) and the winner is at least as trusted
@@ -39,6 +42,8 @@ REVIEW_KIND = "contradiction"
 # basis of a pair → the reason its loser is obsoleted with
 REASONS = {"declared": "superseded", "slot": "slot_replaced", "similar": "contradicted"}
 NO_NEWER = "no_newer"
+DECLARED_CYCLE = "declared_cycle"
+NO_WINNER = (NO_NEWER, DECLARED_CYCLE)  # review reasons that propose no winner
 
 
 @dataclass(frozen=True)
@@ -87,15 +92,37 @@ def validity_ended(rows: Iterable[Any], *, now: datetime) -> list[Any]:
 
 
 def declared_pairs(rows: Sequence[Any]) -> list[Pair]:
-    """Pairs in which one row declares it supersedes another row of the same user."""
+    """Pairs in which one row declares it supersedes another row of the same user, the
+    earliest-starting declarer first (of two declaring one target, it closes the target)."""
     by_id = {row.id: row for row in rows}
     pairs = []
-    for row in rows:
+    for row in sorted(rows, key=recency):
         for target_id in sorted(set(row.supersedes or ()), key=str):
             target = by_id.get(target_id)
             if target is not None and target is not row and target.user_id == row.user_id:
                 pairs.append(Pair(*ordered(row, target), winner=row, basis="declared"))
     return pairs
+
+
+def declared_cycles(pairs: Sequence[Pair]) -> set[frozenset]:
+    """Keys of the declared pairs on a cycle of declarations (A supersedes B … supersedes A):
+    they contradict each other, and deciding them in any order would guess a winner."""
+    edges: dict[Any, set[Any]] = defaultdict(set)
+    for pair in pairs:
+        edges[pair.winner.id].add(pair.loser.id)
+
+    def reaches(start: Any, goal: Any) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo.extend(edges.get(node, ()))
+        return False
+
+    return {pair.key for pair in pairs if reaches(pair.loser.id, pair.winner.id)}
 
 
 def scope_of(row: Any) -> str | None:
@@ -104,9 +131,11 @@ def scope_of(row: Any) -> str | None:
     return getattr(row, "scope", None)
 
 
-def slot_pairs(rows: Sequence[Any]) -> list[Pair]:
+def slot_pairs(rows: Sequence[Any], *, now: datetime | None = None) -> list[Pair]:
     """Pairs between each open-ended row of a slot and the slot's holder: at most one current
-    memory per (user_id, slot), whatever the rows' scopes (the contract; migration 0009)."""
+    memory per (user_id, slot), whatever the rows' scopes (the contract; migration 0009). The
+    holder is one that has taken effect at ``now`` if any: a value starting next week would
+    keep every current one open until then, and close them at its own start."""
     slots: dict[tuple[str, str], list[Any]] = defaultdict(list)
     for row in rows:
         if row.slot is not None and row.valid_until is None:
@@ -114,7 +143,8 @@ def slot_pairs(rows: Sequence[Any]) -> list[Pair]:
     pairs = []
     for key in sorted(slots):
         members = slots[key]
-        holder = max(members, key=lambda r: (r.trust, recency(r)))
+        started = [r for r in members if now is None or starts(r) <= now]
+        holder = max(started or members, key=lambda r: (r.trust, recency(r)))
         for row in sorted(members, key=recency):
             if row is not holder:
                 older, newer = ordered(row, holder)
@@ -179,7 +209,7 @@ def review(pair: Pair, reason: str) -> Action:
         "memory_ids": [str(pair.older.id), str(pair.newer.id)],
         "basis": pair.basis,
     }
-    if reason != NO_NEWER:  # with no newer row the "winner" is only the higher id
+    if reason not in NO_WINNER:  # with no newer row the "winner" is only the higher id
         details["proposed_winner"] = str(pair.winner.id)
     if pair.similarity is not None:
         details["similarity"] = round(pair.similarity, 4)
