@@ -410,6 +410,8 @@ class TestContradictionDecisions:
             pytest.param(fixed(chat_reply("not json at all")), id="malformed"),
             pytest.param(lambda p, r: verdict("contradicts", older_id=p["newer"]["id"],
                                               newer_id=p["older"]["id"])(p, r), id="swapped"),
+            pytest.param(lambda p, r: verdict("contradicts", older_id=p["older"]["id"],
+                                              newer_id=p["older"]["id"])(p, r), id="repeated"),
             pytest.param(verdict("contradicts", newer_id=str(uuid4())), id="foreign-id"),
         ],
     )  # fmt: skip
