@@ -7,6 +7,8 @@ from uuid import UUID
 
 import pytest
 
+from gc_worker import engine as gc_engine
+from gc_worker.report import build_report
 from jobs.contradiction import plan_contradiction
 from tests.store import NOW, add, days_ago, execute, get, run, snapshot, status
 from tests.test_contradiction import changes, reviews, row
@@ -108,3 +110,19 @@ class TestTwoDeclarersOfOneTarget:
         [closed] = actions
         assert closed.memory_id == a.id and closed.details["superseded_by"] == str(b.id)
         assert closed.details["close_valid_until"] == days_ago(5).isoformat()
+
+
+class TestAChainPlannedThenApplied:
+    def test_a_version_deleted_since_the_dry_run_keeps_what_it_replaced(self, engine, settings):
+        """v3 → v2 → v1 planned in a dry run; the application deletes v3 before the apply: v2's
+        obsolete drifts (its newer fact is gone), v1 still closes for v2, active as planned."""
+        v1 = add(engine, "u1", "Works at Acme", created_at=days_ago(3))
+        v2 = add(engine, "u1", "Works at Globex", created_at=days_ago(2), supersedes=[v1])
+        v3 = add(engine, "u1", "Works at Initech", created_at=days_ago(1), supersedes=[v2])
+        plan = run(engine, settings, jobs=["contradiction"], dry_run=True)
+        assert len(plan["actions"]) == 2
+        execute(engine, "DELETE FROM memories WHERE id = :id", id=v3)
+        with engine.connect() as conn:
+            applied = build_report(conn, gc_engine.apply_plan(engine, UUID(plan["run_id"])))
+        assert changes(applied) == [("obsolete", str(v1), "superseded")]
+        assert (get(engine, v1)["superseded_by"], status(engine, v2)) == (v2, "active")
