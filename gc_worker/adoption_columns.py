@@ -4,10 +4,11 @@ Used by :mod:`gc_worker.adoption` before migration 0001 runs; each check returns
 it finds ([] if none), each with the statement that fixes it:
 
 - ``memories``' columns (``memories_column_problems``): every contract column of ``MEMORIES``,
-  of a type ``ACCEPTED`` for it, NOT NULL where the contract says so, neither generated nor an
-  identity, the vector dimension equal to ``embeddings.dim`` (``dim_mismatch``, also said by
-  every command); no extra NOT NULL column without a default; ``id`` unique; owned by the
-  migrating role. A missing column is told how to add it (``BACKFILL``, ``UNTRACKED``);
+  of a type ``ACCEPTED`` for it, NOT NULL where the contract says so, nullable where the worker
+  writes NULL (``WRITES_NULL``), neither generated nor an identity, the vector dimension equal
+  to ``embeddings.dim`` (``dim_mismatch``, also said by every command); no extra NOT NULL
+  column without a default; ``id`` unique; owned by the migrating role. A missing column is
+  told how to add it (``BACKFILL``, ``UNTRACKED``);
 - ``memory_lineage`` (``lineage_problems``): ``derived_id`` and ``source_id`` uuid columns, no
   extra NOT NULL column without a default, no foreign key that blocks purges;
 - migrate's index names (``INDEXES``): none invalid, none on another table.
@@ -119,7 +120,36 @@ def _column_problems(column: Any, type_: str, not_null: bool, embedding_dim: int
             f"column {name} allows NULL, memory-gc needs a value in every row: fill its NULLs, "
             f"then ALTER TABLE memories ALTER COLUMN {name} SET NOT NULL;"
         )
+    if name in WRITES_NULL and column.not_null:
+        why, sentinel = WRITES_NULL[name]
+        problems.append(
+            f"column {name} is NOT NULL, and memory-gc writes NULL into it ({why}): ALTER TABLE "
+            f"memories ALTER COLUMN {name} DROP NOT NULL;{sentinel}"
+        )
     return problems + _generated_problems(column)
+
+
+# Contract columns the worker writes NULL into, why, and what a value standing for NULL in a
+# NOT NULL column means to it: adopted NOT NULL, every user_cap batch folding rows into a
+# summary failed every night (NotNullViolation), or every erasure putting rows back.
+WRITES_NULL = {
+    "scope": ("a summary of rows of several scopes has none", ""),
+    "slot": (
+        "a summary has none; NULL is 'no slot', and a value standing for none is one slot "
+        "holding one current row per user: the read path shows one of them, the contradiction "
+        "job obsoletes the others",
+        " then UPDATE memories SET slot = NULL WHERE slot = ''; (or your value for none)",
+    ),
+    "valid_from": ("a summary is valid from when it is observed", ""),
+    "valid_until": (
+        "a summary is open-ended; NULL is 'open', and a row with a valid_until of its own is "
+        "a temporary override to the read rule and the contradiction job",
+        " then UPDATE memories SET valid_until = NULL WHERE valid_until = 'infinity'; (or your "
+        "value for open)",
+    ),
+    "superseded_by": ("a row an erasure puts back on the read path is replaced by nothing", ""),
+    "deleted_at": ("a row an erasure puts back on the read path is not deleted", ""),
+}
 
 
 def _generated_problems(column: Any) -> list[str]:

@@ -1,0 +1,59 @@
+"""Adopting a store whose contract columns are NOT NULL where the contract lets them be NULL:
+the worker writes NULL into some of them, and NULL means something in others."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_migrate import app_store, execute, migrate, untouched
+
+EMB = "'[1,0,0,0,0,0,0,0]'"
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "hint"),
+    [
+        ("scope", "''", None),
+        ("slot", "''", "UPDATE memories SET slot = NULL WHERE slot = '';"),
+        ("valid_from", "created_at", None),
+        ("valid_until", "'infinity'", "UPDATE memories SET valid_until = NULL"),
+        ("superseded_by", "gen_random_uuid()", None),
+        ("deleted_at", "created_at", None),
+    ],
+)
+def test_a_column_the_worker_writes_null_into_that_is_not_null_is_refused(
+    empty_database_url, monkeypatch, capsys, column, value, hint
+):
+    """A NOT NULL scope, slot, valid_from or valid_until was adopted, and every user_cap batch
+    folding rows into a summary (which has no slot, no validity, and no scope when its rows had
+    several) failed every night (NotNullViolation); a NOT NULL superseded_by or deleted_at
+    failed every erasure putting back the rows an erased record had absorbed. And a slot that
+    is never NULL holds a value meaning "no slot" ('' here): memory-gc took it for one slot, so
+    the read path showed one of those rows per user and the contradiction job obsoleted the
+    rest. Found by a review: each is named at adoption with its fix, exit 2."""
+    url = empty_database_url
+    execute(url, app_store() + f"UPDATE memories SET {column} = {value};"
+                 f"ALTER TABLE memories ALTER COLUMN {column} SET NOT NULL;")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2, err
+    assert f"ALTER TABLE memories ALTER COLUMN {column} DROP NOT NULL;" in err
+    assert hint is None or hint in err, err
+    assert untouched(url)
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("embedding", EMB), ("last_accessed_at", "created_at"), ("expires_at", "'infinity'"),
+     ("status_changed_at", "created_at"), ("importance_assessed_at", "created_at")],
+)  # fmt: skip
+def test_a_not_null_column_the_worker_never_writes_null_into_is_adopted(
+    empty_database_url, monkeypatch, capsys, column, value
+):
+    """An application that always embeds, stamps use from creation, or keeps a far-off TTL
+    makes those columns NOT NULL: the worker's records copy them from their rows, so they are
+    adopted as they are."""
+    url = empty_database_url
+    execute(url, app_store() + f"UPDATE memories SET {column} = {value};"
+                 f"ALTER TABLE memories ALTER COLUMN {column} SET NOT NULL;")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 0, err
