@@ -113,7 +113,8 @@ def _column_problems(column: Any, type_: str, not_null: bool, embedding_dim: int
     elif column.type_name not in ACCEPTED.get(type_, {type_}):
         problems.append(
             f"column {name} is {column.type_name}, memory-gc needs {type_}: "
-            f"ALTER TABLE memories ALTER COLUMN {name} TYPE {type_};"
+            f"ALTER TABLE memories ALTER COLUMN {name} TYPE {type_} "
+            + _converted(name, column.type_name, type_)
         )
     if not_null and not column.not_null:
         problems.append(
@@ -150,6 +151,15 @@ WRITES_NULL = {
     "superseded_by": ("a row an erasure puts back on the read path is replaced by nothing", ""),
     "deleted_at": ("a row an erasure puts back on the read path is not deleted", ""),
 }
+
+
+def _converted(name: str, stored: str, type_: str) -> str:
+    """The USING expression that converts a column to the contract's type: explicitly (a text
+    id has no implicit cast to uuid), and a timestamp without time zone read as UTC, not in the
+    zone of the session that runs it (where an instant written in UTC moved by hours)."""
+    if stored == "timestamp without time zone":
+        return f"USING {name} AT TIME ZONE 'UTC'; (or the zone your application wrote them in)"
+    return f"USING {name}::{type_};"
 
 
 def _generated_problems(column: Any) -> list[str]:

@@ -295,7 +295,7 @@ class TestAdoption:
         code, _, err = migrate(monkeypatch, url, capsys)
         assert code == 2, err
         assert "missing column slot: ALTER TABLE memories ADD COLUMN slot text;" in err
-        assert "ALTER TABLE memories ALTER COLUMN user_id TYPE text;" in err
+        assert "ALTER TABLE memories ALTER COLUMN user_id TYPE text USING user_id::text;" in err
         assert "ALTER TABLE memories ALTER COLUMN pinned SET NOT NULL;" in err
         assert "column tenant is NOT NULL without a default" in err
         assert untouched(url) and scalar(url, "SELECT to_regclass('active_memories')") is not None

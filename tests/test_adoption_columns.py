@@ -1,11 +1,13 @@
-"""Adopting a store whose contract columns are NOT NULL where the contract lets them be NULL:
-the worker writes NULL into some of them, and NULL means something in others."""
+"""Adopting a store whose columns differ from the contract's: NOT NULL where the worker writes
+NULL (and NULL means something), and other types, with statements that convert them faithfully."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from tests.test_migrate import app_store, execute, migrate, untouched
+from tests.test_migrate import app_store, execute, migrate, scalar, untouched
 
 EMB = "'[1,0,0,0,0,0,0,0]'"
 
@@ -57,3 +59,27 @@ def test_a_not_null_column_the_worker_never_writes_null_into_is_adopted(
                  f"ALTER TABLE memories ALTER COLUMN {column} SET NOT NULL;")  # fmt: skip
     code, _, err = migrate(monkeypatch, url, capsys)
     assert code == 0, err
+
+
+def test_the_advice_converting_a_timestamp_without_time_zone_keeps_its_instants(
+    empty_database_url, monkeypatch, capsys
+):
+    """An application that wrote UTC instants into `timestamp` columns is told to convert them:
+    the advice was `ALTER … TYPE timestamptz;`, which reads them in the session's time zone, so
+    run from a session in New York every TTL, validity and age moved four hours (found by a
+    review). It now says in which zone they are read (UTC, the one to change if yours differ),
+    and converts text ids (`::uuid`), which the bare statement refused."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False) + "ALTER TABLE memories"
+                 " ALTER COLUMN created_at TYPE timestamp, ALTER COLUMN expires_at TYPE timestamp,"
+                 " ALTER COLUMN supersedes DROP DEFAULT, ALTER COLUMN supersedes TYPE text[],"
+                 " ALTER COLUMN superseded_by TYPE text;")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2, err
+    fixes = re.findall(r"ALTER TABLE memories ALTER COLUMN \w+ TYPE [^;]*;", err)
+    assert len(fixes) == 4, err
+    execute(url, "SET TIME ZONE 'America/New_York'; " + " ".join(fixes)
+                 + " ALTER TABLE memories ALTER COLUMN supersedes SET DEFAULT '{}';")  # fmt: skip
+    expires = "SELECT expires_at FROM memories WHERE content = 'likes tea'"
+    assert scalar(url, expires).isoformat() == "2026-05-01T00:00:00+00:00"
+    assert migrate(monkeypatch, url, capsys)[0] == 0
