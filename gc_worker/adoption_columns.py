@@ -93,7 +93,9 @@ def memories_column_problems(conn: Connection, relation: Any, embedding_dim: int
         f"records without it: ALTER TABLE memories ALTER COLUMN {col.name} SET DEFAULT …; "
         f"(or DROP NOT NULL)"
         for col in columns.values()
-        if col.name not in {spec[0] for spec in MEMORIES} and col.not_null and not col.filled
+        if (col.name not in {spec[0] for spec in MEMORIES} or col.name in DEFAULTED)
+        and col.not_null
+        and not col.filled
     ]
     if "id" in columns and not conn.execute(q("id_is_unique")).scalar():
         problems.append("id is not unique on its own: ALTER TABLE memories ADD PRIMARY KEY (id);")
@@ -130,6 +132,9 @@ def _column_problems(column: Any, type_: str, not_null: bool, embedding_dim: int
     return problems + _generated_problems(column)
 
 
+# Contract columns a merged record or summary is inserted without (sql/execute.sql
+# insert_records), that migrate gives no default: theirs must have one if NOT NULL.
+DEFAULTED = ("decayed_confidence", "status_reason", "status_changed_at")
 # Contract columns the worker writes NULL into, why, and what a value standing for NULL in a
 # NOT NULL column means to it: adopted NOT NULL, every user_cap batch folding rows into a
 # summary failed every night (NotNullViolation), or every erasure putting rows back.

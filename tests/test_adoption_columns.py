@@ -46,7 +46,7 @@ def test_a_column_the_worker_writes_null_into_that_is_not_null_is_refused(
 @pytest.mark.parametrize(
     ("column", "value"),
     [("embedding", EMB), ("last_accessed_at", "created_at"), ("expires_at", "'infinity'"),
-     ("status_changed_at", "created_at"), ("importance_assessed_at", "created_at")],
+     ("importance_assessed_at", "created_at")],
 )  # fmt: skip
 def test_a_not_null_column_the_worker_never_writes_null_into_is_adopted(
     empty_database_url, monkeypatch, capsys, column, value
@@ -82,4 +82,25 @@ def test_the_advice_converting_a_timestamp_without_time_zone_keeps_its_instants(
                  + " ALTER TABLE memories ALTER COLUMN supersedes SET DEFAULT '{}';")  # fmt: skip
     expires = "SELECT expires_at FROM memories WHERE content = 'likes tea'"
     assert scalar(url, expires).isoformat() == "2026-05-01T00:00:00+00:00"
+    assert migrate(monkeypatch, url, capsys)[0] == 0
+
+
+@pytest.mark.parametrize("column", ["decayed_confidence", "status_reason", "status_changed_at"])
+def test_a_not_null_column_a_merged_record_leaves_to_its_default_needs_one(
+    empty_database_url, monkeypatch, capsys, column
+):
+    """A merged record or summary is inserted without decayed_confidence, status_reason and
+    status_changed_at (they take their defaults): NOT NULL without a default, every merging
+    batch failed, every night (found by a review). Named at adoption, exit 2; with a default,
+    adopted."""
+    url = empty_database_url
+    value = {"decayed_confidence": "0.5", "status_reason": "'new'"}.get(column, "created_at")
+    execute(url, app_store() + f"UPDATE memories SET {column} = {value};"
+                 f"ALTER TABLE memories ALTER COLUMN {column} SET NOT NULL;")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2, err
+    assert f"column {column} is NOT NULL without a default" in err
+    assert untouched(url)
+    default = "now()" if column == "status_changed_at" else value
+    execute(url, f"ALTER TABLE memories ALTER COLUMN {column} SET DEFAULT {default};")
     assert migrate(monkeypatch, url, capsys)[0] == 0
