@@ -1,6 +1,6 @@
 """The read rule for the request path: what is current for a user at an instant.
 
-SQL: ``SELECT * FROM memory_gc_current(user_id, scope, at, known_at)`` (migration 0012); the
+SQL: ``SELECT * FROM memory_gc_current(user_id, scope, at, known_at)`` (migrations 0012, 0018); the
 Python twin is ``current_memories``. A memory is current at ``at`` when all of these hold:
 
 1. Known: with ``known_at``, only records observed by then (``observed_at <= known_at``; a
@@ -17,7 +17,8 @@ Python twin is ``current_memories``. A memory is current at ``at`` when all of t
    least as trusted (a temporary override shadows what it overrides only inside its window).
    An open-ended declaration replaces its target for good: the target leaves its slot's
    ranking. A temporary override only hides it: the target keeps its slot while hidden, so
-   the value it replaced does not come back in its place.
+   the value it replaced does not come back in its place. Two rows of equal trust declaring
+   each other shadow neither (migration 0018).
 5. One per slot (per user, whatever the scope; migration 0009 undid 0008's per-scope ranking):
    among the rows of one ``slot``, the most trusted wins, then a bounded override (one with a
    ``valid_until`` of its own — not one the worker closed at its replacement) over an

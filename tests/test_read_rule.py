@@ -173,6 +173,53 @@ class TestSlots:
         assert sorted(contents(engine, NOW)) == ["Calls on Sunday are fine", "No calls on Sunday"]
 
 
+class TestMutualDeclarations:
+    """Two rows that each declare the other in `supersedes` (an application's mistake): the
+    contradiction job leaves the pair to a person (a `declared_cycle` review) and changes
+    nothing, but the read rule hid both rows, each shadowing the other: the fact was gone from
+    the request path until the person came."""
+
+    def test_rows_of_equal_trust_declaring_each_other_shadow_neither(self, engine):
+        paris = add(engine, "u1", "Lives in Paris", created_at=days_ago(3))
+        berlin = add(engine, "u1", "Lives in Berlin", created_at=days_ago(1), supersedes=[paris])
+        execute(engine, "UPDATE memories SET supersedes = ARRAY[CAST(:b AS uuid)] WHERE id = :p",
+                b=berlin, p=paris)  # fmt: skip
+        assert sorted(contents(engine, NOW)) == ["Lives in Berlin", "Lives in Paris"]
+
+    def test_in_one_slot_the_slot_ranks_them(self, engine):
+        paris = add(engine, "u1", "City: Paris", slot="city", created_at=days_ago(3))
+        add(engine, "u1", "City: Berlin", slot="city", created_at=days_ago(1), supersedes=[paris])
+        execute(engine, "UPDATE memories SET supersedes = ARRAY(SELECT id FROM memories"
+                " WHERE content = 'City: Berlin') WHERE id = :p", p=paris)  # fmt: skip
+        assert contents(engine, NOW) == ["City: Berlin"]
+
+    def test_a_more_trusted_declarer_still_replaces(self, engine):
+        """Only declarations that would both take effect cancel: a less trusted row's
+        declaration never shadows, so the more trusted one's stands."""
+        said = add(engine, "u1", "No calls on Sunday", created_at=days_ago(90))
+        guess = add(engine, "u1", "Calls on Sunday are fine", created_at=days_ago(1),
+                    source="model_inference", supersedes=[said])  # fmt: skip
+        execute(engine, "UPDATE memories SET supersedes = ARRAY[CAST(:g AS uuid)] WHERE id = :s",
+                g=guess, s=said)  # fmt: skip
+        assert contents(engine, NOW) == ["No calls on Sunday"]
+
+    def test_a_declaration_back_from_a_row_no_longer_current_does_not_cancel(self, engine):
+        old = add(engine, "u1", "Lives in Paris", created_at=days_ago(30))
+        new = add(engine, "u1", "Lives in Berlin", created_at=days_ago(1), supersedes=[old])
+        execute(engine, "UPDATE memories SET supersedes = ARRAY[CAST(:n AS uuid)],"
+                " expires_at = :t WHERE id = :o", n=new, o=old, t=days_ago(2))  # fmt: skip
+        assert contents(engine, NOW) == ["Lives in Berlin"]
+
+    def test_migration_0018_round_trip(self, empty_database_url):
+        from tests.conftest import check_round_trip
+
+        count = (
+            "SELECT count(*) FROM pg_proc WHERE proname = 'memory_gc_current'"
+            " AND strpos(prosrc, 'bool_or(o.id < s.id)') > 0"
+        )
+        check_round_trip(empty_database_url, "0018", "0017", count, 1)
+
+
 class TestKnownAt:
     def test_records_observed_later_are_unknown(self, engine):
         """With known_at, a record observed after it is not considered; at known_at it is."""

@@ -11,7 +11,8 @@ user's rows, never deleted; never merged without known_at). known_at only in its
 with no audit and no lineage (a status change after it reads as active with the row's own
 valid_until; worker-derived records and the audit's prior valid_until are not exercised).
 
-Rules 4 and 5 as migration 0012 reads them: an open-ended declaration replaces its target for
+Rules 4 and 5 as migrations 0012 and 0018 read them (two current rows of equal trust that
+declare each other shadow neither): an open-ended declaration replaces its target for
 good (out of its slot's ranking), a temporary override hides it while the override runs (it
 keeps its slot, so the value it replaced does not come back); "bounded" is the row's own
 valid_until (no audit here, so no window the worker closed).
@@ -166,6 +167,7 @@ def reference(
         return [
             o for o in valid
             if o["id"] != r["id"] and r["id"] in o["supersedes"] and trust(o) >= trust(r)
+            and not (o["id"] in r["supersedes"] and trust(o) == trust(r))  # declared back
         ]  # fmt: skip
 
     # an open-ended declaration replaces for good (out of the slot's ranking); a temporary
