@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from gc_worker.cli import Context, not_ahead, parse_now, parse_uuid, user_id_arg
-from gc_worker.errors import UsageError
+from gc_worker.errors import SchemaOutdated, UsageError
 
 
 def register(sub: Any) -> None:
@@ -70,12 +70,16 @@ def cmd_schedule(args: argparse.Namespace, ctx: Context) -> int:
     try:
         if args.once_due:
             failed = daemon.run_once()
+            if daemon.schema_changed is not None:
+                raise SchemaOutdated(_schema_changed(daemon.schema_changed))
             if daemon.stopping():  # a cron wrapper must not read an abandoned pass as done
                 print("memory-gc: interrupted; committed batches stay applied, the next pass "
                       "resumes the run", file=sys.stderr)  # fmt: skip
                 return 1
             return 1 if failed else 0
         daemon.serve()
+        if daemon.schema_changed is not None:
+            raise SchemaOutdated(_schema_changed(daemon.schema_changed))
         return 0
     finally:
         signal.set_wakeup_fd(previous_fd)
@@ -85,6 +89,13 @@ def cmd_schedule(args: argparse.Namespace, ctx: Context) -> int:
             server.shutdown()
             server.server_close()
         daemon.close()
+
+
+def _schema_changed(why: str) -> str:
+    return (
+        f"stopped: the database changed under this daemon — {why}. Committed batches stay "
+        "applied; run the memory-gc image that matches the database"
+    )
 
 
 def _clock(args: argparse.Namespace, default: Callable[[], datetime]) -> Callable[[], datetime]:

@@ -43,7 +43,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from psycopg.conninfo import make_conninfo
 from sqlalchemy.engine import Engine
 
-from gc_worker import batch_run, scheduler, sweeps
+from gc_worker import batch_run, scheduler, schema, sweeps
 from gc_worker.batch_run import WORKER_ID
 from gc_worker.claims import participating
 from gc_worker.config import Settings
@@ -51,7 +51,7 @@ from gc_worker.daemon_plans import DuePlans
 from gc_worker.daemon_sweeps import SWEEP_TRIGGER, SweepServing
 from gc_worker.db import APPLICATION_NAME, describe_error, names_itself
 from gc_worker.engine import process_run
-from gc_worker.errors import RunFailed
+from gc_worker.errors import RunFailed, UsageError
 from gc_worker.metrics import Metrics
 from gc_worker.queries import q
 from gc_worker.run_record import RESUMED_TRIGGERS, load_run, settings_of
@@ -61,6 +61,7 @@ _DAEMONS = itertools.count(1)  # the daemons of this process, numbered (Daemon.w
 
 RESUMABLE = RESUMED_TRIGGERS
 UPKEEP_SECONDS = 30.0
+SCHEMA_CHECK_SECONDS = 10.0  # how often a unit of work first checks the schema is still ours
 # While the sweep loop works a sweep, /healthz stays green as long as batches keep committing,
 # or model requests keep completing, at most this far apart (a batch of LLM calls can take
 # many minutes; a hung one makes no request).
@@ -104,6 +105,8 @@ class Daemon(DuePlans, SweepServing):
         self.last_loop = time.monotonic()
         self.last_progress = self.last_loop  # the sweep's last batch commit or model request
         self.sweeping = False  # the sweep loop is inside a unit of work
+        self.schema_changed: str | None = None  # why this daemon stopped working, if it did
+        self._schema_checked = float("-inf")  # checked before the first unit
 
     # -- stopping and health -------------------------------------------------------------
 
@@ -344,12 +347,37 @@ class Daemon(DuePlans, SweepServing):
         return orphans
 
     def attempt(self, unit: Callable[[], Any]) -> Any:
-        """Run one unit; a failure is logged and counted, and the daemon carries on."""
+        """Run one unit; a failure is logged and counted, and the daemon carries on. Not once
+        the schema is no longer the one this code was built for (``schema_changed``)."""
         try:
+            if not self._schema_still_matches():
+                return None
             return unit()
         except Exception as exc:
             self._unit_failed(unit.__name__, exc)
             return None
+
+    def _schema_still_matches(self) -> bool:
+        """Whether the database is still at this code's schema, read at most every
+        SCHEMA_CHECK_SECONDS. A rolling update's new image migrates while this daemon runs: its
+        code would go on against a schema it does not know (a newer release's hold on large
+        plans ignored, say), so it stops instead — ``schema_changed`` says why, and the
+        ``schedule`` command exits 2 with it; the next start refuses too until the image is
+        the database's."""
+        if self.schema_changed is not None:
+            return False
+        now = time.monotonic()
+        if now - self._schema_checked < SCHEMA_CHECK_SECONDS:
+            return True
+        try:
+            schema.require_current(self.engine, embedding_dim=self.settings.embeddings.dim)
+        except UsageError as exc:  # SchemaOutdated, ConfigError (the vector size, RLS)
+            self.schema_changed = str(exc)
+            log.error("gc.daemon.schema_changed", worker=self.worker_id, error=str(exc))
+            self.request_stop()
+            return False
+        self._schema_checked = now
+        return True
 
     def _unit_failed(self, unit: str, exc: Exception) -> None:
         self.failures += 1
