@@ -47,13 +47,13 @@ from gc_worker import batch_run, scheduler, schema, sweeps
 from gc_worker.batch_run import WORKER_ID
 from gc_worker.claims import participating
 from gc_worker.config import Settings
+from gc_worker.daemon_orphans import Orphans
 from gc_worker.daemon_plans import DuePlans
 from gc_worker.daemon_sweeps import SWEEP_TRIGGER, SweepServing
 from gc_worker.db import APPLICATION_NAME, describe_error, names_itself
 from gc_worker.engine import process_run
 from gc_worker.errors import RunFailed, UsageError
 from gc_worker.metrics import Metrics
-from gc_worker.queries import q
 from gc_worker.run_record import RESUMED_TRIGGERS, load_run, settings_of
 
 log = structlog.get_logger("memory_gc")
@@ -73,7 +73,7 @@ def system_clock() -> datetime:
     return datetime.now(UTC)
 
 
-class Daemon(DuePlans, SweepServing):
+class Daemon(DuePlans, Orphans, SweepServing):
     """One replica's work; every public method is one unit a test (or ``--once-due``) can call."""
 
     def __init__(
@@ -191,36 +191,6 @@ class Daemon(DuePlans, SweepServing):
         log.info("gc.schedule.catching_up", slot=scheduler.slot_key(fire))
         return self.nightly()
 
-    def resume_orphans(self) -> list[UUID]:
-        """Join nightly runs left ``running`` by daemons that died; returns the runs joined.
-        One nightly run at a time per daemon: while this daemon's nightly work is under way,
-        orphans wait for a later upkeep. A run now too old (the apply of a plan `apply` would
-        refuse, a run whose instant is as far behind) or made with settings this version
-        refuses is closed, not finished (scheduler.close_unresumable). First, sweep runs a dying
-        daemon created but never recorded on their request are closed (daemon_sweeps), and so
-        are the runs nothing resumes that a killed process left (scheduler.close_stopped_runs)."""
-        self._close_unrecorded_sweeps()
-        self._close_stopped_runs()
-        if not self._nightly.acquire(blocking=False):
-            return []
-        try:
-            resumed = []
-            for run_id in self._orphaned_runs():
-                if self.stopping():
-                    break
-                if scheduler.close_unresumable(
-                    self.engine, run_id, self.settings.plan_age_limit_hours, self.clock()
-                ):
-                    continue
-                log.info("gc.schedule.resuming", run_id=str(run_id))
-                self.work(run_id)
-                resumed.append(run_id)
-        finally:
-            self._nightly.release()
-        if self._skipped_fire is not None:  # a firing came while the orphan held the lock
-            self.nightly()
-        return resumed
-
     def upkeep(self) -> None:
         """The interval job: run a due slot that has no run (a slot has a deadline, the grace),
         apply due plans, resume orphaned runs."""
@@ -325,26 +295,6 @@ class Daemon(DuePlans, SweepServing):
             return self.stopping()
 
         return should_stop
-
-    def _close_stopped_runs(self) -> None:
-        """Close the runs nothing resumes that a killed process left running
-        (scheduler.close_stopped_runs), counting each as a finished run."""
-        lease = self.settings.run.lease_seconds
-        for run_id in scheduler.close_stopped_runs(self.engine, lease_seconds=lease):
-            self._count(self.metrics.run_finished, run_id)
-
-    def _orphaned_runs(self) -> list[UUID]:
-        with self.engine.connect() as conn:
-            candidates = list(
-                conn.execute(q("running_runs"), {"triggers": list(RESUMABLE)}).scalars()
-            )
-            orphans = []
-            for run_id in candidates:
-                if conn.execute(q("try_run_exclusive"), {"run_id": run_id}).scalar():
-                    conn.execute(q("unlock_run_exclusive"), {"run_id": run_id})
-                    orphans.append(run_id)
-            conn.commit()
-        return orphans
 
     def attempt(self, unit: Callable[[], Any]) -> Any:
         """Run one unit; a failure is logged and counted, and the daemon carries on. Not once
