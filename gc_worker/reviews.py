@@ -113,7 +113,7 @@ def resolve_review(
                 f"memory {', '.join(moved)} of review {review_id} now belongs to another user "
                 f"than {item['user_id']!r}; close the item with --dismiss"
             )
-        winner, losers = _sides(rows, item["memory_ids"], keep=keep, obsolete=obsolete)
+        winner, losers = _sides(rows, item["memory_ids"], keep=keep, obsolete=obsolete, now=now)
         actions = [_obsolete(rows[loser], winner, review_id) for loser in losers]
         resolution = Resolution(review_id, "keep" if keep is not None else "obsolete")
         resolution.run_id = _apply(conn, item["user_id"], actions, now)
@@ -159,7 +159,12 @@ def _open_item(conn: Connection, review_id: int) -> dict[str, Any]:
 
 
 def _sides(
-    rows: dict[UUID, Any], memory_ids: list[UUID], *, keep: UUID | None, obsolete: UUID | None
+    rows: dict[UUID, Any],
+    memory_ids: list[UUID],
+    *,
+    keep: UUID | None,
+    obsolete: UUID | None,
+    now: datetime,
 ) -> tuple[Any, list[UUID]]:
     """(the row that stays or None, ids to obsolete), refusing rows that cannot change."""
     if keep is not None:
@@ -180,6 +185,9 @@ def _sides(
             )
     for memory_id in losers:
         _check_changeable(rows.get(memory_id), memory_id)
+    for row in [winner, *(rows[m] for m in losers)]:
+        if row is not None:
+            _check_current(row, now)
     return winner, losers
 
 
@@ -193,6 +201,19 @@ def _check_changeable(row: Any, memory_id: UUID) -> None:
         )
     if row.pinned:
         raise UsageError(f"memory {memory_id} is pinned; unpin it first, then resolve again")
+
+
+def _check_current(row: Any, now: datetime) -> None:
+    """Refuse a row past its TTL or validity (still ``active`` until ttl_expiry or
+    contradiction run): the read rule no longer shows it, so it cannot stand for its slot, and
+    obsoleting it would keep as history what its TTL deletes (the jobs leave it alone too)."""
+    for column in ("expires_at", "valid_until"):
+        end = getattr(row, column)
+        if end is not None and end <= now:
+            raise UsageError(
+                f"memory {row.id} is no longer current (its {column} {end.isoformat()} has "
+                "passed); close the item with --dismiss"
+            )
 
 
 def _obsolete(loser: Any, winner: Any, review_id: int) -> Action:
@@ -210,6 +231,9 @@ def _obsolete(loser: Any, winner: Any, review_id: int) -> Action:
             "review_id": review_id,
             "superseded_by": str(winner.id) if winner is not None else None,
             "close_valid_until": end.isoformat() if end is not None else None,
+            # the row kept, share-locked and checked at apply (gc_worker.execute): one retired
+            # since it was read drifts the resolution instead of superseding the loser
+            **({"depends_on": {str(winner.id): winner.row_version}} if winner is not None else {}),
         },
         preview=loser.preview,
     )

@@ -100,7 +100,7 @@ FOR UPDATE
 -- review_members --
 -- The memories a review item names, with what resolving it needs.
 SELECT id, user_id, xmin::text::bigint AS row_version, left(content, 200) AS preview, status,
-       pinned, valid_from, valid_until, observed_at, created_at
+       pinned, valid_from, valid_until, expires_at, observed_at, created_at
 FROM memories
 WHERE id = ANY(:ids)
 ORDER BY id
