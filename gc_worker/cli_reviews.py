@@ -111,9 +111,8 @@ def _describe(item: reviews.ReviewItem, rows: dict[Any, Any]) -> str:
         head += f"  resolution={printable(str(item.resolution.get('decision')))}"
     lines = [head]
     for memory_id in item.memory_ids:
-        row = rows.get(memory_id)
-        state, text = (row.status, row.preview or "") if row is not None else ("purged", "")
-        lines.append(f"    {memory_id}  [{state}]  {printable(text)}")
+        state, text = _member(item, rows.get(memory_id))
+        lines.append(f"    {memory_id}  [{state}]  {printable(text or '')}")
     return "\n".join(lines)
 
 
@@ -129,11 +128,19 @@ def _as_json(item: reviews.ReviewItem, rows: dict[Any, Any]) -> dict[str, Any]:
         "details": item.details,
         "resolution": item.resolution,
         "memories": [
-            {
-                "id": str(m),
-                "status": rows[m].status if m in rows else "purged",
-                "preview": rows[m].preview if m in rows else None,
-            }
+            dict(
+                zip(("id", "status", "preview"), (str(m), *_member(item, rows.get(m))), strict=True)
+            )
             for m in item.memory_ids
         ],
     }
+
+
+def _member(item: reviews.ReviewItem, row: Any) -> tuple[str, str | None]:
+    """(state, preview) of a member as listed: a row purged since, or one the application moved
+    to another user (its text is that user's, not the item's user's), shows no text."""
+    if row is None:
+        return "purged", None
+    if row.user_id != item.user_id:
+        return "moved", None
+    return row.status, row.preview

@@ -10,6 +10,8 @@ was still obsoleted in favour of it.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gc_worker import reviews
@@ -89,3 +91,21 @@ class TestConcurrentChange:
             resolve_review(engine, review_id, now=NOW, **choice)
         after = snapshot(engine)
         assert after[said] == before[said] and still_open(engine, review_id)
+
+
+class TestListingStaysWithinTheUser:
+    def test_a_member_moved_to_another_user_shows_no_text(self, engine, settings, cli_env, capsys):
+        """`reviews list` of u1's item shows a member the application moved to u2 as `moved`,
+        without u2's text (in the terminal listing and in --json)."""
+        _, inferred = seed_conflict(engine)
+        queue(engine, settings)
+        execute(engine, "UPDATE memories SET user_id = 'u2', content = 'u2 private note' "
+                "WHERE id = :id", id=inferred)  # fmt: skip
+        assert main(["reviews", "list", "--user", "u1"]) == 0
+        out = capsys.readouterr().out
+        assert "u2 private note" not in out and f"{inferred}  [moved]" in out
+        assert "Diet: vegetarian" in out
+        assert main(["reviews", "list", "--json"]) == 0
+        [item] = json.loads(capsys.readouterr().out)
+        assert item["memories"][1] == {"id": str(inferred), "status": "moved", "preview": None}
+        assert item["memories"][0]["preview"] == "Diet: vegetarian"
