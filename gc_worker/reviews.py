@@ -9,6 +9,9 @@ than the loser, the loser is pinned, or the LLM was unsure. ``list_reviews`` rea
   when that member is no longer active, as ``keep`` of it is);
 - ``dismiss=True``: nothing changes, and the contradiction job leaves that set alone from now on.
 
+``keep`` and ``obsolete`` are refused (UsageError, nothing changed) for a member past its
+``expires_at`` or ``valid_until``, and when the row kept changes while the change is applied.
+
 ``lift_dismissal`` takes a dismissal back — a person's ``--dismiss``, or one a restore recorded
 (a model merge, verdict or importance score undone): the item stays, resolved, with decision
 ``lifted`` (the earlier decision and the instant kept in the resolution), and the jobs may
