@@ -97,21 +97,29 @@ def refresh_scores(
             errors.append(exc)
             stop.set()
 
-    helpers = [threading.Thread(target=work, daemon=True, name=f"memory-gc-scores-{i + 1}")
-               for i in range(max(1, workers) - 1)]  # fmt: skip
-    for thread in helpers:
+    def helper(done: threading.Event) -> None:
+        try:
+            work()
+        finally:
+            done.set()
+
+    dones = [threading.Event() for _ in range(max(1, workers) - 1)]
+    helpers = [(threading.Thread(target=helper, args=(done,), daemon=True,
+                                 name=f"memory-gc-scores-{i + 1}"), done)
+               for i, done in enumerate(dones)]  # fmt: skip
+    for thread, _ in helpers:
         thread.start()
     try:
         work()
+        for thread, done in helpers:  # a Ctrl-C while waiting for them is an interrupt too
+            _join(thread, done, stop)
     except BaseException:  # interrupted (Ctrl-C): the helpers finish their range and stop
         stop.set()
-        for thread in helpers:
-            _join(thread, stop)
+        for thread, done in helpers:
+            _join(thread, done, stop)
         with contextlib.suppress(Exception):  # said if the database lets us; the interrupt goes on
             _end(engine, run["id"], "stopped")
         raise
-    for thread in helpers:
-        _join(thread, stop)
     refreshed = sum(counts)
     _end(engine, run["id"], "stopped" if errors or halted else "done")
     if errors:
@@ -148,12 +156,17 @@ def _refresh_range(engine: Engine, pages: tuple[int, int], params: dict[str, Any
     return refreshed
 
 
-def _join(thread: threading.Thread, stop: threading.Event) -> None:
-    """Wait for a helper; interrupted (Ctrl-C), tell the helpers to stop after their range and
-    wait for them, then let the interrupt go on."""
+def _join(thread: threading.Thread, done: threading.Event, stop: threading.Event) -> None:
+    """Wait for a helper (``done``: its work is over); interrupted (Ctrl-C), tell the helpers to
+    stop after their range and wait for them, then let the interrupt go on. Not on
+    ``thread.join()`` alone: interrupted, Python 3.11 marks the thread stopped while it runs,
+    and a second join returns at once."""
     try:
-        thread.join()
+        done.wait()
     except BaseException:
         stop.set()
-        thread.join()
+        done.wait()
         raise
+    finally:
+        if done.is_set():
+            thread.join()
