@@ -129,6 +129,13 @@ def _column_problems(column: Any, type_: str, not_null: bool, embedding_dim: int
             f"column {name} is NOT NULL, and memory-gc writes NULL into it ({why}): ALTER TABLE "
             f"memories ALTER COLUMN {name} DROP NOT NULL;{sentinel}"
         )
+    if column.nondeterministic is not None:
+        problems.append(
+            f"column {name} uses the nondeterministic collation {column.nondeterministic}: "
+            "texts it holds equal ('Alice', 'alice') are one value to the database and two to "
+            "memory-gc, so one batch, cap or group would span two users (or slots): ALTER "
+            f'TABLE memories ALTER COLUMN {name} TYPE text COLLATE "default";'
+        )
     return problems + _generated_problems(column)
 
 

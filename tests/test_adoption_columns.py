@@ -104,3 +104,34 @@ def test_a_not_null_column_a_merged_record_leaves_to_its_default_needs_one(
     default = "now()" if column == "status_changed_at" else value
     execute(url, f"ALTER TABLE memories ALTER COLUMN {column} SET DEFAULT {default};")
     assert migrate(monkeypatch, url, capsys)[0] == 0
+
+
+def test_a_user_id_under_a_nondeterministic_collation_is_refused(
+    empty_database_url, monkeypatch, capsys
+):
+    """Under a nondeterministic (case-insensitive, say) collation 'Alice' = 'alice' to the
+    database, two users to memory-gc: a batch's `user_id = ANY(:users)`, the score pass and a
+    cap would span both. Refused at adoption with the statement that fixes it. (This build of
+    PostgreSQL has no ICU, the only provider of such collations: the catalog's flag is set on a
+    copy of "C", which is what adoption reads.)"""
+    url = empty_database_url
+    store = app_store().replace("user_id text NOT NULL", "user_id text COLLATE loose NOT NULL")
+    assert "COLLATE loose" in store
+    execute(url, 'CREATE COLLATION loose FROM "C";'
+                 " UPDATE pg_collation SET collisdeterministic = false WHERE collname = 'loose';"
+                 + store)  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2, err
+    assert "column user_id uses the nondeterministic collation loose" in err
+    assert 'ALTER COLUMN user_id TYPE text COLLATE "default";' in err
+    assert untouched(url)
+
+
+def test_a_deterministic_collation_other_than_the_default_is_adopted(
+    empty_database_url, monkeypatch, capsys
+):
+    url = empty_database_url
+    store = app_store().replace("user_id text NOT NULL", 'user_id text COLLATE "C" NOT NULL')
+    execute(url, store)
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 0, err

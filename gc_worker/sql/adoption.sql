@@ -18,13 +18,16 @@ FROM pg_class c
 WHERE c.oid = to_regclass(:name)
 
 -- columns_of --
--- A table's live columns: type as DDL writes it, NOT NULL, whether an insert may omit it, and
--- whether it is generated ('s' stored, 'v' virtual) or an identity ('a' always, 'd' by default).
+-- A table's live columns: type as DDL writes it, NOT NULL, whether an insert may omit it,
+-- whether it is generated ('s' stored, 'v' virtual) or an identity ('a' always, 'd' by
+-- default), and its collation when that one is nondeterministic (NULL otherwise).
 SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type_name,
        t.typname AS base_type, a.attnotnull AS not_null,
        a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS filled,
-       a.attgenerated AS generated, a.attidentity AS identity
+       a.attgenerated AS generated, a.attidentity AS identity,
+       CASE WHEN NOT c.collisdeterministic THEN c.collname END AS nondeterministic
 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_collation c ON c.oid = a.attcollation
 WHERE a.attrelid = to_regclass(:name) AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 
