@@ -6,7 +6,8 @@
   answer. Malformed JSON, a schema mismatch, a refusal, a truncated or filtered answer →
   ``LLMInvalidAnswer`` with a reason code.
 - ``ModelClient.embed(texts, budget)``: ``embeddings.create`` with ``encoding_format="float"``;
-  the vectors come back in input order, checked for count and (if configured) dimension.
+  the vectors come back in input order, checked for count and (if configured) dimension. A
+  body that is no embeddings answer (a proxy's page, broken JSON) → ``LLMInvalidAnswer``.
 - Retries: the openai client is built with ``max_retries=0``; this loop retries 408, 429, 5xx,
   timeouts and connection errors up to ``max_retries`` times with exponential backoff, jitter and
   ``Retry-After``; anything else (400, 401, 403, 404, …) fails at once. Either way the failure is
@@ -98,16 +99,15 @@ class ModelClient:
         """One structured-output chat call; the parsed, schema-valid answer."""
         budget.reserve_call()
         raw = self._with_retries(kind, budget, lambda: self._send_chat(messages, answer_model))
-        budget.record_usage(*_chat_usage(raw))
+        budget.record_usage(*_usage(raw))
         return _parsed_answer(raw)
 
     def embed(self, texts: Sequence[str], budget: LLMBudget) -> list[list[float]]:
         """Embeddings of ``texts``, in the same order."""
         budget.reserve_call(embedding=True)
-        response = self._with_retries("embed", budget, lambda: self._send_embeddings(texts))
-        usage = response.usage
-        budget.record_usage(usage.prompt_tokens if usage else 0, 0)
-        return _checked_vectors(response, len(texts), self._options.embedding_dim)
+        raw = self._with_retries("embed", budget, lambda: self._send_embeddings(texts))
+        budget.record_usage(*_usage(raw))
+        return _checked_vectors(_parsed_body(raw), len(texts), self._options.embedding_dim)
 
     def _send_chat(
         self, messages: list[dict[str, str]], answer_model: type[pydantic.BaseModel]
@@ -123,7 +123,7 @@ class ModelClient:
         )
 
     def _send_embeddings(self, texts: Sequence[str]) -> Any:
-        return self._client.embeddings.create(
+        return self._client.embeddings.with_raw_response.create(
             model=self._options.embedding_model, input=list(texts), encoding_format="float"
         )
 
@@ -173,13 +173,32 @@ def _status_code(exc: openai.APIError) -> int | None:
     return exc.status_code if isinstance(exc, openai.APIStatusError) else None
 
 
-def _chat_usage(raw: Any) -> tuple[int, int]:
-    """Prompt and completion tokens from the raw body, readable even when parsing fails."""
+def _usage(raw: Any) -> tuple[int, int]:
+    """Prompt and completion tokens from the raw body (of a chat or an embeddings call),
+    readable even when parsing fails; 0 for a count the server did not give as a number."""
     try:
         usage = raw.http_response.json().get("usage") or {}
-        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    except (ValueError, TypeError, AttributeError, OverflowError):  # OverflowError: Infinity
+        return _token_count(usage.get("prompt_tokens")), _token_count(
+            usage.get("completion_tokens")
+        )
+    except (ValueError, TypeError, AttributeError):
         return 0, 0
+
+
+def _token_count(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (ValueError, TypeError, OverflowError):  # OverflowError: Infinity
+        return 0
+
+
+def _parsed_body(raw: Any) -> Any:
+    """The parsed body of an embeddings call; a body that is no answer (a proxy's page, broken
+    JSON) is an invalid answer, not an exception failing the batch."""
+    try:
+        return raw.parse()
+    except Exception as exc:
+        raise LLMInvalidAnswer("malformed_response", type(exc).__name__) from exc
 
 
 def _parsed_answer(raw: Any) -> Any:

@@ -1,0 +1,105 @@
+"""Odd answers of an OpenAI-compatible server, under the real openai client (MockTransport):
+each is a rejected answer or a used one, never an exception that fails the batch."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import httpx2
+import pytest
+
+from gc_worker.errors import RunFailed
+from gc_worker.llm import LLMInvalidAnswer
+from tests.store import add, days_ago, get, run, status
+from tests.test_compaction import E0, at_similarity
+from tests.test_llm_guards import Model, merging_to
+from tests.test_llm_port import MakePort, make_port
+
+__all__ = ["make_port"]  # the fixture, imported for this module's tests
+
+GROUP = [
+    ("a0000000-0000-0000-0000-000000000001", "Prefers morning meetings."),
+    ("b0000000-0000-0000-0000-000000000002", "Likes meetings in the morning."),
+]
+VECTOR = [1.0, 0.0, 0.0, 0.0]
+
+
+def embeddings_body(usage: Any) -> httpx2.Response:
+    data = [{"object": "embedding", "index": 0, "embedding": VECTOR}]
+    return httpx2.Response(200, json={"object": "list", "data": data, "model": "m", "usage": usage})
+
+
+class TestEmbeddingsBodies:
+    @pytest.mark.parametrize(
+        "reply",
+        [
+            httpx2.Response(200, text="<html>proxy error</html>"),
+            httpx2.Response(
+                200, content=b"{not json", headers={"content-type": "application/json"}
+            ),
+            httpx2.Response(200, json=[1, 2]),
+        ],
+        ids=["html", "broken_json", "a_list"],
+    )
+    def test_a_body_that_is_no_embeddings_answer_is_rejected(
+        self, make_port: MakePort, reply: httpx2.Response
+    ) -> None:
+        """A 200 whose body is not an embeddings answer (a proxy's page, broken JSON) is an
+        invalid answer — the caller falls back to the centroid — not an AttributeError or a
+        JSONDecodeError failing the batch."""
+        port, _ = make_port(reply, embedding_dim=4)
+        with pytest.raises(LLMInvalidAnswer) as caught:
+            port.embed(["a text"])
+        assert caught.value.reason == "malformed_response"
+        assert port.usage()["invalid_answers"] == 1 and port.usage()["calls"] == 1
+
+    @pytest.mark.parametrize(
+        "usage", [{}, {"prompt_tokens": None}, {"prompt_tokens": "many"}, "n/a"]
+    )
+    def test_unusable_usage_counts_no_tokens_and_the_vectors_are_used(
+        self, make_port: MakePort, usage: Any
+    ) -> None:
+        """A server that reports no usable token count (an empty or null ``usage``) still
+        answered: its vectors are used, and the call is counted with no tokens."""
+        port, _ = make_port(embeddings_body(usage), embedding_dim=4)
+        assert port.embed(["a text"]) == [VECTOR]
+        assert port.usage()["input_tokens"] == 0 and port.usage()["calls"] == 1
+
+    def test_a_fractional_token_count_is_counted_whole(self, make_port: MakePort) -> None:
+        """Token counts are whole numbers in the budget and the report, as for chat calls."""
+        port, _ = make_port(embeddings_body({"prompt_tokens": 7.5}), embedding_dim=4)
+        port.embed(["a text"])
+        assert port.usage()["input_tokens"] == 7
+
+
+class ProxyPageForEmbeddings(Model):
+    """Answers chat calls; the embeddings route is behind a proxy that answers 200 with a page."""
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        if request.url.path.endswith("/embeddings"):
+            self.requests.append(request)
+            return httpx2.Response(200, text="<html>Service temporarily unavailable</html>")
+        return super().__call__(request)
+
+
+class TestAJobSurvivesAnEmbeddingsPage:
+    def test_compaction_merges_with_the_centroid_and_the_batch_stands(
+        self, engine, settings, make_llm
+    ):
+        """The merged record gets its members' centroid (docs/llm-jobs.md: the embeddings call
+        failed), and another user's TTL expiry in the same batch is applied — before, the
+        page's AttributeError failed the whole batch."""
+        add(engine, "u1", "Likes green tea", created_at=days_ago(9), embedding=E0)
+        add(engine, "u1", "Enjoys drinking green tea", created_at=days_ago(2),
+            embedding=at_similarity(0.95))  # fmt: skip
+        expired = add(engine, "u2", "Temporary note", expires_at=days_ago(1))
+        server = ProxyPageForEmbeddings(merging_to("Enjoys drinking green tea"))
+        try:
+            report = run(engine, settings, jobs=["ttl_expiry", "compaction"],
+                         llm=make_llm(server))  # fmt: skip
+        except RunFailed as exc:
+            pytest.fail(f"an embeddings page failed the batch: {exc}")
+        assert status(engine, expired) == "deleted"
+        [created] = [x for x in report["actions"] if x["action"] == "create_merged"]
+        assert get(engine, UUID(created["memory_id"]))["metadata"]["embedding_source"] == "centroid"
