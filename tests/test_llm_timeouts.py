@@ -89,3 +89,55 @@ def test_a_slow_model_within_the_timeout_is_simply_waited_for(port_for):
     port, seen = port_for(0.5, timeout_seconds=5.0, max_retries=2)
     assert port.embed(["a text"]) == [[1.0] + [0.0] * (DIM - 1)]
     assert len(seen) == 1 and port.usage()["retries"] == 0
+
+
+def dripping_server(chunk_delay: float) -> ThreadingHTTPServer:
+    """An embeddings endpoint that sends its headers at once, then its body 8 bytes at a time,
+    ``chunk_delay`` apart: every read is quick, the whole answer is not."""
+
+    class Drip(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            data = [{"object": "embedding", "index": 0, "embedding": [1.0] + [0.0] * (DIM - 1)}]
+            usage = {"prompt_tokens": 1, "total_tokens": 1}
+            payload = json.dumps({"object": "list", "data": data, "model": "m", "usage": usage})
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                for start in range(0, len(payload), 8):
+                    self.wfile.write(payload[start : start + 8].encode())
+                    self.wfile.flush()
+                    time.sleep(chunk_delay)
+            except OSError:  # the client gave up and closed the socket
+                pass
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_an_answer_sent_a_few_bytes_at_a_time_is_given_up_at_the_timeout():
+    """``timeout_seconds`` bounds the whole request, not each read: a server (or proxy) that
+    sends its answer a few bytes every 0.2 s — each read well inside a 0.6 s timeout, the body
+    taking ~6 s — is given up after about the timeout, as a slow answer is. Before, the call
+    took as long as the server kept sending, the batch (and every thread behind the budget)
+    with it."""
+    server = dripping_server(0.2)
+    base_url = f"http://127.0.0.1:{server.server_port}/v1"
+    port = open_llm(LLMOptions(api_key="k", base_url=base_url, embedding_dim=DIM,
+                               timeout_seconds=0.6, max_retries=0))  # fmt: skip
+    try:
+        started = time.monotonic()
+        with pytest.raises(LLMUnavailable):
+            port.embed(["a text"])
+        assert time.monotonic() - started < 2.0
+    finally:
+        port.close()
+        server.shutdown()
+        server.server_close()

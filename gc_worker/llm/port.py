@@ -8,7 +8,8 @@
 - ``embed``: embeddings of texts, same retries and budget.
 - ``begin_run()``: a fresh ``LLMBudget`` for the next run; ``usage()``: its counters.
 - ``build_llm`` / ``open_llm``: the port over a real ``openai.OpenAI`` client (``max_retries=0``,
-  the port retries), or ``None`` in offline mode (no API key and no base URL).
+  the port retries; each whole request bounded by ``timeout_seconds``, ``llm.deadline``), or
+  ``None`` in offline mode (no API key and no base URL).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gc_worker.llm import decisions
 from gc_worker.llm.budget import LLMBudget, SharedSpend
 from gc_worker.llm.cache import DecisionCache, InMemoryDecisionCache, decision_key
 from gc_worker.llm.client import ModelClient
+from gc_worker.llm.deadline import with_deadline
 from gc_worker.llm.decisions import ContradictionVerdict, DecisionRequest, Member, MergeDecision
 from gc_worker.llm.errors import LLMInvalidAnswer
 from gc_worker.llm.options import DEFAULT_BASE_URL, LLMOptions
@@ -195,12 +197,14 @@ def open_llm(
     """The port for ``options``, or ``None`` in offline mode."""
     if options.offline:
         return None
+    # the whole request is bounded, not only each read (gc_worker.llm.deadline)
+    http = with_deadline(http_client or openai.DefaultHttpxClient(), options.timeout_seconds)
     client = openai.OpenAI(
         api_key=options.api_key or NO_KEY_PLACEHOLDER,
         base_url=options.base_url or DEFAULT_BASE_URL,
         timeout=options.timeout_seconds,
         max_retries=0,
-        http_client=http_client,
+        http_client=http,
     )
     return LLMPort(options, client, cache=cache, sleep=sleep)
 
