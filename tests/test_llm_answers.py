@@ -73,6 +73,23 @@ class TestEmbeddingsBodies:
         assert port.usage()["input_tokens"] == 7
 
 
+class TestChatBodies:
+    @pytest.mark.parametrize("refusal", [5, True, {"reason": "policy"}, ["no"]])
+    def test_a_refusal_that_is_no_text_is_still_a_refusal(
+        self, make_port: MakePort, refusal: Any
+    ) -> None:
+        """A gateway that sends ``refusal`` as a number, flag, object or list refused all the
+        same: an invalid answer, not a TypeError failing the batch."""
+        message = {"role": "assistant", "content": None, "refusal": refusal}
+        choice = {"index": 0, "finish_reason": "stop", "message": message}
+        body = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                "choices": [choice]}  # fmt: skip
+        port, _ = make_port(httpx2.Response(200, json=body))
+        with pytest.warns(UserWarning), pytest.raises(LLMInvalidAnswer) as caught:
+            port.merge_group("u1", GROUP)  # (pydantic warns of the field's unexpected type)
+        assert caught.value.reason == "refused"
+
+
 class ProxyPageForEmbeddings(Model):
     """Answers chat calls; the embeddings route is behind a proxy that answers 200 with a page."""
 

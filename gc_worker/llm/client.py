@@ -219,8 +219,11 @@ def _message_answer(completion: Any) -> Any:
     if not completion.choices:
         raise LLMInvalidAnswer("empty_answer", "no choices")
     message = completion.choices[0].message
-    if message.refusal:  # its text is not kept: a refusal often restates what it was shown
-        raise LLMInvalidAnswer("refused", f"{len(message.refusal)} characters")
+    refusal = message.refusal
+    if refusal:  # its text is not kept: a refusal often restates what it was shown
+        # (a gateway may send a number or an object: a refusal all the same)
+        size = f"{len(refusal)} characters" if isinstance(refusal, str) else type(refusal).__name__
+        raise LLMInvalidAnswer("refused", size)
     if message.parsed is None:
         raise LLMInvalidAnswer("empty_answer", "no content")
     if _has_nul(message.parsed.model_dump()):
