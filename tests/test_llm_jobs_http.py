@@ -165,6 +165,24 @@ class TestCompactionDecisions:
         assert good.count("/chat/completions") == 1
         assert second["totals"]["by_action"].get("create_merged") == 1
 
+    def test_a_cached_decision_that_no_longer_passes_is_replaced(self, engine, settings, make_llm):
+        """A cached merge the checks now reject (a stricter rule in a newer release, a damaged
+        entry) is asked again — and the new answer was not kept (first writer won): the same
+        question was paid for at every run, for good. The new answer replaces it."""
+        seed_tea(engine)
+        server = FakeOpenAI()
+        run(engine, settings, jobs=["compaction"], llm=make_llm(server), dry_run=True)
+        stricter = "'\"Likes green tea since 2019\"'"  # a text the checks now reject
+        execute(engine, "UPDATE gc_llm_cache SET value = jsonb_set(value, '{merged_text}',"
+                f" {stricter}) WHERE kind = 'merge'")  # fmt: skip
+        asked = server.count("/chat/completions")
+        again = run(engine, settings, jobs=["compaction"], llm=make_llm(server), dry_run=True)
+        assert server.count("/chat/completions") == asked + 1  # the rejected entry: asked again
+        assert again["totals"]["by_action"].get("create_merged") == 1
+        third = run(engine, settings, jobs=["compaction"], llm=make_llm(server), dry_run=True)
+        assert server.count("/chat/completions") == asked + 1  # the new answer was kept
+        assert third["llm"]["cache_hits"] >= 1
+
     def test_one_outlier_does_not_keep_paraphrases_from_merging(self, engine, settings, make_llm):
         """Three paraphrases and one member that states a number: the paraphrases merge, the
         outlier stays as it is (it used to keep the whole group deferred, night after night)."""

@@ -3,10 +3,15 @@
 SELECT value FROM gc_llm_cache WHERE key = :key
 
 -- llm_cache_put --
--- Keep a validated LLM decision (first writer wins).
+-- Keep a validated LLM decision. A key is asked again only when its entry was missing or no
+-- longer passed the checks (a stricter rule since, a damaged entry): the new answer replaces
+-- it, else the question would be paid for at every run. Two workers asking at once both
+-- validated theirs; the later one stays.
 INSERT INTO gc_llm_cache (key, kind, user_id, memory_ids, value)
 VALUES (:key, :kind, :user_id, CAST(:memory_ids AS uuid[]), CAST(:value AS jsonb))
-ON CONFLICT (key) DO NOTHING
+ON CONFLICT (key) DO UPDATE
+SET kind = excluded.kind, user_id = excluded.user_id, memory_ids = excluded.memory_ids,
+    value = excluded.value, created_at = clock_timestamp()
 
 -- insert_reviews --
 -- Queue review items for decisions the worker must not take alone.
