@@ -169,6 +169,7 @@ class LLMSettings(Section):
     max_tokens_per_run: int = Field(2_000_000, ge=0, le=10**15)
     timeout_seconds: float = Field(30.0, gt=0, le=86_400)
     max_retries: int = Field(3, ge=0, le=10)
+    outage_pause_seconds: float = Field(300.0, ge=0, le=86_400)
 
     @field_validator("model")
     @classmethod

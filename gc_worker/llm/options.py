@@ -2,7 +2,8 @@
 
 - ``LLMOptions``: frozen; ``api_key`` and ``base_url`` both absent means offline mode.
   Defaults: model ``gpt-4.1-mini``, embedding model ``text-embedding-3-small``, timeout 30 s,
-  500 calls and unlimited tokens per run, 3 retries, backoff base 0.5 s capped at 30 s.
+  500 calls and unlimited tokens per run, 3 retries, backoff base 0.5 s capped at 30 s, no
+  call for 300 s after one the model did not answer (``llm.outage``).
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ class LLMOptions:
     backoff_base_seconds: float = 0.5
     backoff_max_seconds: float = 30.0
     temperature: float | None = None
+    outage_pause_seconds: float = 300.0  # after a call not answered: none for this long
 
     def __post_init__(self) -> None:
         _require(self.timeout_seconds > 0, "timeout_seconds must be > 0")
         _require(self.max_retries >= 0, "max_retries must be >= 0")
         _require(self.backoff_base_seconds >= 0, "backoff_base_seconds must be >= 0")
         _require(self.backoff_max_seconds >= 0, "backoff_max_seconds must be >= 0")
+        _require(self.outage_pause_seconds >= 0, "outage_pause_seconds must be >= 0")
         _require(_none_or_at_least(self.max_calls_per_run, 0), "max_calls_per_run must be >= 0")
         _require(_none_or_at_least(self.max_tokens_per_run, 0), "max_tokens_per_run must be >= 0")
         _require(_none_or_at_least(self.embedding_dim, 1), "embedding_dim must be >= 1")

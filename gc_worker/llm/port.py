@@ -6,6 +6,7 @@
   A rejected answer counts ``invalid_answers``, logs ``llm.answer_rejected`` and raises
   ``LLMInvalidAnswer``; nothing is cached for it.
 - ``embed``: embeddings of texts, same retries and budget.
+- After a call the model did not answer, no call for ``outage_pause_seconds`` (``llm.outage``).
 - ``begin_run()``: a fresh ``LLMBudget`` for the next run; ``usage()``: its counters.
 - ``build_llm`` / ``open_llm``: the port over a real ``openai.OpenAI`` client (``max_retries=0``,
   the port retries; each whole request bounded by ``timeout_seconds``, ``llm.deadline``), or
@@ -30,8 +31,9 @@ from gc_worker.llm.cache import DecisionCache, InMemoryDecisionCache, decision_k
 from gc_worker.llm.client import ModelClient
 from gc_worker.llm.deadline import with_deadline
 from gc_worker.llm.decisions import ContradictionVerdict, DecisionRequest, Member, MergeDecision
-from gc_worker.llm.errors import LLMInvalidAnswer
+from gc_worker.llm.errors import LLMInvalidAnswer, LLMUnavailable
 from gc_worker.llm.options import DEFAULT_BASE_URL, LLMOptions
+from gc_worker.llm.outage import Outage
 from gc_worker.llm.prompts import chat_messages
 
 log = structlog.get_logger("gc_worker.llm")
@@ -50,9 +52,11 @@ class LLMPort:
         *,
         cache: DecisionCache | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.options = options
         self._model = ModelClient(client, options, sleep)
+        self._outage = Outage(options.outage_pause_seconds, clock)
         self._cache: DecisionCache = cache if cache is not None else InMemoryDecisionCache()
         self._budget = self._new_budget()
         # called after every request to the model, answered or not: a sign of life for a
@@ -116,13 +120,20 @@ class LLMPort:
         """Embedding vectors of ``texts``, in order."""
         if not texts:
             return []
+        self._outage.check("embed")
         try:
-            return self._model.embed(texts, self._budget)
+            vectors = self._model.embed(texts, self._budget)
+        except LLMUnavailable as exc:
+            self._outage.failed(exc)
+            raise
         except LLMInvalidAnswer as exc:
+            self._outage.answered()
             self._reject("embed", None, len(texts), exc)
             raise
         finally:
             self._request_done()
+        self._outage.answered()
+        return vectors
 
     def _decide(self, user_id: str, request: DecisionRequest[Any, Any]) -> Any:
         key = decision_key(
@@ -132,12 +143,18 @@ class LLMPort:
         if cached is not _MISS:
             return cached
         messages = chat_messages(request.system, request.instruction, request.payload)
+        self._outage.check(request.kind)
         try:
             answer = self._model.complete(
                 request.kind, messages, request.answer_model, self._budget
             )
+            self._outage.answered()
             result = request.check(answer)
+        except LLMUnavailable as exc:
+            self._outage.failed(exc)
+            raise
         except LLMInvalidAnswer as exc:
+            self._outage.answered()  # (an answer the server sent, rejected by the checks)
             self._reject(request.kind, user_id, len(request.memory_ids), exc)
             raise
         finally:
