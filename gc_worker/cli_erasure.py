@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gc_worker.cli import Context, parse_now, parse_uuid, user_id_arg
+from gc_worker.cli import Context, not_ahead, parse_now, parse_uuid, user_id_arg
 from gc_worker.render_text import printable
 
 
@@ -64,6 +64,8 @@ def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
     from gc_worker import erasure
 
     now = parse_now(args.now)  # bad input is refused before connecting
+    if args.purge_now:  # its run stamps the erasures of every pending request of the user
+        not_ahead(now, f"--now {args.now!r}", "Leave --now out to erase at this machine's time.")
     engine = ctx.engine()
     request, run_id = erasure.forget(
         engine, ctx.settings, now=now, purge_now=args.purge_now, **target

@@ -202,3 +202,25 @@ def test_a_bad_metrics_address_is_named_before_connecting(monkeypatch, capsys, f
     code, err = cli(["schedule", "--once-due", "--now", NOW_ARG, *flags], capsys)
     assert code == 2, (code, err)
     assert names in err and "database" not in err
+
+
+# --- found by the CLI review ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["forget-user", "forget"])
+def test_a_purge_now_clock_far_ahead_is_refused(cli_env, engine, capsys, command):
+    """`forget-user u1 --purge-now --now 2100-…` ran its erasure stamped 2100: the rows of
+    every pending request of the user got deleted_at 2100, so hard_delete would purge them
+    only then (a forgotten user's rows kept for decades), and the requests read completed in
+    2100. A --purge-now run's clock is bounded as `run`'s is (docs/erasure.md: "as for run")."""
+    from tests.store import add, days_ago, snapshot
+
+    kept = add(engine, "u1", "kept")
+    add(engine, "u1", "other", expires_at=days_ago(1))
+    before = snapshot(engine)
+    target = "u1" if command == "forget-user" else str(kept)
+    code, err = cli([command, target, "--purge-now", "--now", "2100-01-01T00:00:00Z"], capsys)
+    assert code == 2, (code, err)
+    assert "more than a day ahead of this machine's clock" in err
+    assert snapshot(engine) == before
+    assert row_counts(engine) == (0, 0, 0)
