@@ -26,6 +26,7 @@ from gc_worker.config import (
     Settings,
     ahead_of_clock,
     check_clock,
+    is_utf8,
     load_runtime,
     load_settings,
 )
@@ -117,6 +118,11 @@ def user_id_arg(value: str) -> str:
     if "\x00" in value:
         raise argparse.ArgumentTypeError(
             f"{value!r} contains a NUL byte (\\x00), which no stored user id can hold; check the id"
+        )
+    if not is_utf8(value):  # bytes that are not UTF-8 (a Latin-1 terminal): the driver's
+        raise argparse.ArgumentTypeError(  # UnicodeEncodeError was a traceback
+            f"{value!r} is not UTF-8 text, which every stored user id is; check the id "
+            "(and the terminal's encoding)"
         )
     return value
 

@@ -80,6 +80,7 @@ __all__ = [  # this module's, and the settings classes of gc_worker.config_secti
     "ahead_of_clock",
     "check_clock",
     "default_data_dir",
+    "is_utf8",
     "load_runtime",
     "load_settings",
 ]
@@ -116,6 +117,16 @@ def check_clock(now: datetime, label: str) -> None:
             f"{label} is outside the years {NOW_YEARS[0]}-{NOW_YEARS[1]}; "
             "the cutoffs computed from it would overflow"
         )
+
+
+def is_utf8(value: str) -> bool:
+    """Whether ``value`` can be sent as UTF-8: an argument or variable holding bytes that are not
+    (Python keeps them as lone surrogates, e.g. '\\udcff') cannot."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def default_data_dir() -> Path:

@@ -206,6 +206,30 @@ def test_a_bad_metrics_address_is_named_before_connecting(monkeypatch, capsys, f
 
 # --- found by the CLI review ------------------------------------------------------------------
 
+NOT_UTF8 = "a\udcffb"  # what Python makes of a byte that is not UTF-8 (a Latin-1 shell's 'ÿ')
+
+
+@pytest.mark.parametrize(
+    ("argv", "argument"),
+    [
+        (["reviews", "list", "--user", NOT_UTF8], "--user"),
+        (["run", "--dry-run", "--now", NOW_ARG, "--user", NOT_UTF8], "--user"),
+        (["request-sweep", NOT_UTF8], "user_id"),
+        (["forget-user", NOT_UTF8, "--now", NOW_ARG], "user_id"),
+        (["verify-erasure", NOT_UTF8, "--now", NOW_ARG], "user_id"),
+    ],
+    ids=["reviews-list", "run", "request-sweep", "forget-user", "verify"],
+)
+def test_a_user_id_that_is_not_utf8_exits_2(cli_env, engine, capsys, argv, argument):
+    """`memory-gc forget-user $'\\xff'` (an id typed in a Latin-1 terminal): the driver's
+    UnicodeEncodeError escaped main -> traceback, exit 1. No stored user id can hold it: exit 2
+    naming the argument, nothing written."""
+    before = row_counts(engine)
+    code, err = cli(argv, capsys)
+    assert code == 2, code
+    assert f"argument {argument}" in err and "UTF-8" in err
+    assert row_counts(engine) == before
+
 
 @pytest.mark.parametrize("command", ["forget-user", "forget"])
 def test_a_purge_now_clock_far_ahead_is_refused(cli_env, engine, capsys, command):
