@@ -155,6 +155,7 @@ def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None 
         for section, values in layer.items():
             merged.setdefault(section, {}).update(values)
             origin.update({(section, key): source for key in values})
+    _check_text(merged, origin)
     return _validate(merged, origin)
 
 
@@ -276,6 +277,23 @@ def _check_keys(layer: Mapping[str, Mapping[str, Any]], source: str) -> None:
             if key not in keys:
                 hint = _did_you_mean(key, list(keys))
                 raise ConfigError(f"{source}: unknown key {section}.{key}{hint}")
+
+
+def _check_text(merged: Mapping[str, Mapping[str, Any]], origin: Mapping) -> None:
+    """A text value holding NUL (TOML's "\\u0000") or bytes that are not UTF-8 (a variable set
+    in a Latin-1 shell) passed validation; every run then failed storing its settings (jsonb
+    refuses NUL) or raised a traceback. Named here, with its key and source."""
+    for section, values in merged.items():
+        for key, value in values.items():
+            items = value if isinstance(value, list) else [value]
+            texts = [v for v in items if isinstance(v, str)]
+            if any("\x00" in v or not is_utf8(v) for v in texts):
+                raise ConfigError(
+                    f"invalid configuration:\n  {section}.{key} = {value!r} (from "
+                    f"{origin.get((section, key), 'defaults')}) holds a NUL character or bytes "
+                    f"that are not UTF-8 text; set it to plain text in the config file or "
+                    f"{ENV_PREFIX}{section.upper()}__{key.upper()}"
+                )
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:

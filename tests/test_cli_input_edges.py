@@ -231,6 +231,33 @@ def test_a_user_id_that_is_not_utf8_exits_2(cli_env, engine, capsys, argv, argum
     assert row_counts(engine) == before
 
 
+@pytest.mark.parametrize(
+    ("toml", "env", "key"),
+    [
+        ('[llm]\nmodel = "gpt\\u0000x"\n', {}, "llm.model"),
+        ('[embeddings]\nmodel = "e\\u0000"\n', {}, "embeddings.model"),
+        ("", {"MEMORY_GC_SCHEDULE__CRON": "0 3 * * \udcff"}, "schedule.cron"),
+        ("", {"MEMORY_GC_LLM__MODEL": "gpt\udcff"}, "llm.model"),
+    ],
+    ids=["toml-nul-model", "toml-nul-embeddings", "env-not-utf8-cron", "env-not-utf8-model"],
+)
+def test_a_setting_with_a_nul_or_non_utf8_text_exits_2(
+    cli_env, engine, monkeypatch, tmp_path, capsys, toml, env, key
+):
+    """A text setting holding NUL (`model = "gpt\\u0000x"`) passed validation, and every run then
+    failed storing its settings (jsonb refuses it: "database error", exit 1, every night); one
+    with bytes that are not UTF-8 (an env value) was a traceback. Refused when the settings
+    load, naming the key (exit 2), nothing run."""
+    config = tmp_path / "c.toml"
+    config.write_text(toml, encoding="utf-8")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, err = cli(["--config", str(config), "run", "--dry-run", "--now", NOW_ARG], capsys)
+    assert code == 2, (code, err)
+    assert key in err
+    assert run_count(engine) == 0
+
+
 @pytest.mark.parametrize("command", ["forget-user", "forget"])
 def test_a_purge_now_clock_far_ahead_is_refused(cli_env, engine, capsys, command):
     """`forget-user u1 --purge-now --now 2100-…` ran its erasure stamped 2100: the rows of
