@@ -162,6 +162,11 @@ def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None 
 def load_runtime(env: Mapping[str, str] | None = None) -> Runtime:
     env = os.environ if env is None else env
     data_dir = env.get(ENV_PREFIX + "DATA_DIR")
+    if data_dir is not None and not data_dir.strip():  # would silently mean another store
+        raise ConfigError(
+            f"{ENV_PREFIX}DATA_DIR is set but empty (an unset secret or variable?); name the "
+            f"folder of the embedded server, or unset it to use {default_data_dir()}"
+        )
     base_url = env.get("OPENAI_BASE_URL", "").strip() or None  # a secret file's newline
     if base_url is not None:
         _check_base_url(base_url)

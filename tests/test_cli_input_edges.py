@@ -258,6 +258,17 @@ def test_a_setting_with_a_nul_or_non_utf8_text_exits_2(
     assert run_count(engine) == 0
 
 
+def test_an_empty_data_dir_is_refused(monkeypatch, tmp_path, capsys):
+    """MEMORY_GC_DATA_DIR="" (an unset variable) silently meant the default folder: another
+    embedded store, where `forget-user` answers "no memories for user" for a user whose rows
+    are in the real one. Refused like an empty MEMORY_GC_DATABASE_URL or MEMORY_GC_CONFIG."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))  # where the default store would start
+    monkeypatch.setenv("MEMORY_GC_DATA_DIR", "")
+    code, err = cli(["runs"], capsys)
+    assert code == 2, (code, err)
+    assert "MEMORY_GC_DATA_DIR is set but empty" in err
+
+
 @pytest.mark.parametrize("command", ["forget-user", "forget"])
 def test_a_purge_now_clock_far_ahead_is_refused(cli_env, engine, capsys, command):
     """`forget-user u1 --purge-now --now 2100-…` ran its erasure stamped 2100: the rows of
