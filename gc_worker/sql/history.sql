@@ -8,7 +8,8 @@ SELECT pg_advisory_unlock(4242003, 0)
 
 -- history_runs --
 -- Runs whose history may go: ended (not running) before :cutoff, and so did the plan they
--- applied and the run that applied them (the pair goes together); none a pending erasure
+-- applied and the run that applied them (the pair goes together; a plan whose applier a
+-- prune took while the plan was busy goes at the next one); none a pending erasure
 -- request, an open sweep request or an open review item names (those keep the whole run).
 -- `held`: what else names the run (an erasure request of any status, any review item, a run
 -- kept): its gc_runs row stays, only its audit rows no longer needed go. Oldest first.
@@ -35,7 +36,8 @@ SELECT r.id, r.finished_at, r.plan_run_id,
        AS held
 FROM gc_runs r JOIN old o ON o.id = r.id
 WHERE (r.plan_run_id IS NULL OR r.plan_run_id IN (SELECT id FROM old))
-  AND (r.applied_by IS NULL OR r.applied_by IN (SELECT id FROM old))
+  AND (r.applied_by IS NULL OR r.applied_by IN (SELECT id FROM old)
+       OR NOT EXISTS (SELECT 1 FROM gc_runs a WHERE a.id = r.applied_by))
 ORDER BY r.finished_at, r.id
 
 -- history_lock_run --
