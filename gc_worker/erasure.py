@@ -123,7 +123,8 @@ def _forget_gone_memory(
     if row is not None and user_id in (None, row["user_id"]):
         # what a completion before the rows of a moved memory were scrubbed under every user
         # left (verify-erasure names it): asking again takes it out
-        scrub(conn, [memory_id], users=[row["user_id"]])
+        made = audited_reach(conn, [(memory_id, row["user_id"])])
+        scrub(conn, [memory_id, *made], users=[row["user_id"]])
         return FiledRequest(**row, created=False)
     if user_id is None:
         raise NotFoundError(f"no memory with id {memory_id}; nothing was changed")
@@ -162,7 +163,8 @@ def _scrub_and_complete(
     if request["kind"] == "user":
         scrub(conn, [], users=[request["user_id"]], whole_users=[request["user_id"]])
     else:
-        scrub(conn, [request["memory_id"]], users=[request["user_id"]])
+        made = audited_reach(conn, [(request["memory_id"], request["user_id"])])
+        scrub(conn, [request["memory_id"], *made], users=[request["user_id"]])
     params = {"id": request["id"], "now": now, "run_id": run_id,
               "empty_result": json.dumps(EMPTY_RESULT)}  # fmt: skip
     done = conn.execute(q("erasure_complete_at_once"), params).mappings().one()
@@ -246,7 +248,8 @@ def finish_batch(ctx: BatchContext, applied: Sequence[Action], *, run_id: UUID) 
     _write_tombstones(ctx.conn, [a for a in mine if a.action is Kind.SOFT_DELETE])
     erased = {a.memory_id for a in applied if _erases(a)}
     completed = _complete(ctx, mine, run_id)
-    erased |= {row.memory_id for row in completed if row.memory_id is not None}
+    asked = [(row.memory_id, row.user_id) for row in completed if row.memory_id is not None]
+    erased |= {memory_id for memory_id, _ in asked} | set(audited_reach(ctx.conn, asked))
     forgotten = sorted({row.user_id for row in completed if row.kind == "user"})
     deletes = [a for a in mine if a.action is Kind.SOFT_DELETE]
     hashes = {a.details[key] for a in deletes for key in ("content_hash", "preview_hash")}
@@ -333,6 +336,18 @@ def gone_ids(conn: Connection, ids: Sequence[UUID]) -> list[UUID]:
     """Of ``ids``, those no longer stored or erased (a misfiled request's memory, still on the
     read path under its owner, is not)."""
     return _ids_where(conn, "erasure_gone", ids)
+
+
+def audited_reach(conn: Connection, asked: Sequence[tuple[UUID, str]]) -> list[UUID]:
+    """Of the records the audit says requested memories (id, user) were made into or from,
+    those gone or erased: what is kept about them states the memories' facts (a summary of a
+    merge of A, both deleted by the application, names neither A nor anything A's id finds)."""
+    if not asked:
+        return []
+    params = {"targets": [m for m, _ in asked], "owners": [u for _, u in asked]}
+    found = {row[1] for name in ("erasure_audited_derived", "erasure_audited_sources")
+             for row in conn.execute(q(name), params)}  # fmt: skip
+    return gone_ids(conn, sorted(found, key=str))
 
 
 def _ids_where(conn: Connection, query: str, ids: Sequence[UUID]) -> list[UUID]:

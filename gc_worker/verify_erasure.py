@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gc_worker.config import check_clock
 from gc_worker.db import transaction
-from gc_worker.erasure import KEEP_DETAILS, gone_ids
+from gc_worker.erasure import KEEP_DETAILS, audited_reach, gone_ids
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.queries import q
 from jobs.similarity import content_hash
@@ -201,7 +201,10 @@ def _needles(conn: Connection, result: Verification, memory_id: UUID | None) -> 
     }
     tombstones = conn.execute(q("erasure_tombstones_for"), params).all()
     ids = {str(t.memory_id) for t in tombstones}
-    ids |= {str(r) for r in _request_memory_ids(conn, result.request_ids)}
+    asked = _requested_memories(conn, result.request_ids)
+    # and the records the audit says they were made into or from, gone since (the application
+    # deleted a summary of a merge of the memory): what is kept about them states its facts
+    ids |= {str(r) for r in [*(m for m, _ in asked), *audited_reach(conn, asked)]}
     if memory_id is not None:
         ids.add(str(memory_id))
     hashes = {h for t in tombstones for h in (t.content_hash, t.preview_hash)}
@@ -224,11 +227,13 @@ def _audit_kept(conn: Connection, needles: Needles) -> list[Residue]:
     ]  # fmt: skip
 
 
-def _request_memory_ids(conn: Connection, request_ids: Sequence[UUID]) -> list[UUID]:
+def _requested_memories(conn: Connection, request_ids: Sequence[UUID]) -> list[tuple[UUID, str]]:
+    """(memory id, user) of the memory requests among ``request_ids``."""
     rows = conn.execute(
-        text("SELECT memory_id FROM gc_erasure_requests WHERE id = ANY(:ids)"), {"ids": request_ids}
+        text("SELECT memory_id, user_id FROM gc_erasure_requests WHERE id = ANY(:ids)"),
+        {"ids": request_ids},
     )
-    return [r.memory_id for r in rows if r.memory_id is not None]
+    return [(r.memory_id, r.user_id) for r in rows if r.memory_id is not None]
 
 
 def _scan(conn: Connection, result: Verification, needles: Needles, *, all_tables: bool) -> None:

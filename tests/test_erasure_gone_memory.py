@@ -132,3 +132,55 @@ def test_an_id_the_worker_never_saw_is_still_refused(engine):
     with engine.begin() as conn, pytest.raises(NotFoundError, match="no memory with id"):
         erasure.file_request(conn, memory_id=uuid4())
     assert requests(engine) == []
+
+
+SUMMARY = "Summary: keeps a parrot named Zorblax; likes jazz"
+
+
+def summarised_chain(engine: sa.Engine) -> tuple[UUID, UUID, UUID, UUID]:
+    """A and B merged into M; M and C summarised into S, whose text keeps A's fact; the model's
+    summary decision cached (it names M and C, not A). Returns (A, M, C, S)."""
+    from tests.test_erasure_helpers import cache_decision
+
+    a = add(engine, "u1", "Keeps a parrot named Zorblax")
+    b = add(engine, "u1", "Keeps a parrot")
+    c = add(engine, "u1", "Likes jazz")
+    m = merge(engine, "u1", [a, b], "Keeps a parrot named Zorblax", [1.0] + [0.0] * 7)
+    s = merge(engine, "u1", [m, c], SUMMARY, [0.0, 1.0] + [0.0] * 6)
+    cache_decision(engine, "u1", [m, c], {"summary": SUMMARY})
+    return a, m, c, s
+
+
+@pytest.mark.parametrize("rows_left", [True, False])
+def test_a_summary_of_a_merge_deleted_with_the_memory_keeps_no_copy(engine, settings, rows_left):
+    """The application deleted A, the merged record M and the summary S made of M (S states A's
+    fact), then asks to forget A. No row is left to erase, but the audit (S's create_merged row:
+    its preview and record; the rows merging M into S) and the cached summary decision still
+    held S's text: the scrub looked for A's id only, which none of them names. They go with A,
+    whether the user still has rows (a run completes the request) or not (completed at once);
+    verify-erasure finds nothing."""
+    a, m, _, s = summarised_chain(engine)
+    if rows_left:
+        add(engine, "u1", "Plays chess")
+    app_deletes(engine, "id = ANY(:ids)" if rows_left else "user_id = 'u1'", ids=[a, m, s])
+    erasure.forget(engine, settings, now=NOW, memory_id=a)
+    run(engine, settings, now=NOW)
+    assert requests(engine)[0]["status"] == "completed"
+    assert full_text_scan(engine, ["zorblax"]) == []
+    assert verify(engine, now=NOW, memory_id=a).residues == []
+
+
+def test_verify_names_what_is_kept_about_a_record_made_from_the_memory(engine, settings):
+    """What the worker still keeps about a record made from the forgotten memory, deleted by
+    the application (the cached summary of its merge, left by an earlier version), is a residue
+    of that erasure: verify-erasure --memory used to look for the memory's own id only."""
+    a, m, c, s = summarised_chain(engine)
+    add(engine, "u1", "Plays chess")
+    app_deletes(engine, "id = ANY(:ids)", ids=[a, m, s])
+    erasure.forget(engine, settings, now=NOW, memory_id=a)
+    run(engine, settings, now=NOW)
+    from tests.test_erasure_helpers import cache_decision
+
+    cache_decision(engine, "u1", [m, c], {"summary": SUMMARY})
+    found = verify(engine, now=NOW, memory_id=a).residues
+    assert {(r.table, r.column) for r in found} >= {("gc_llm_cache", "memory_ids")}
