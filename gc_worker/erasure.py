@@ -77,6 +77,8 @@ def file_request(
     """File a request to forget a user (``user_id``) or one memory (``memory_id``)."""
     if (user_id is None) == (memory_id is None):
         raise UsageError("an erasure request names either a user or a memory")
+    # after the restores under way: one would bring back a row this request names
+    conn.execute(q("erasure_wait_for_restores"))
     if memory_id is not None:
         owner = conn.execute(q("erasure_memory_owner"), {"memory_id": memory_id}).first()
         if owner is None:

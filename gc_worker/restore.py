@@ -118,6 +118,7 @@ def _restore(
     """Undo the run's restorable actions (of ``memory_ids``, if given): its importance
     ``scores`` and its other ``changes`` (status changes, created records), or one of them."""
     now = now or datetime.now(UTC)
+    conn.execute(q("restore_hold_filing"))  # no erasure request is filed meanwhile
     params = {"run_id": run_id, "memory_ids": list(memory_ids) if memory_ids else None}
     rows = [
         r

@@ -443,6 +443,11 @@ UPDATE gc_sweep_requests SET error = 'removed by erasure'
 WHERE user_id = ANY(:whole_users) AND error IS NOT NULL AND error <> 'removed by erasure'
 RETURNING id
 
+-- erasure_wait_for_restores --
+-- A request is filed once no restore is under way (restore_hold_filing), so that a restore
+-- never brings back a row a request it did not see names.
+SELECT pg_advisory_xact_lock(4242005, 0)
+
 -- lock_user_xact --
 -- Wait for any batch holding this user (lock_batch_users, same key) and keep the user for the
 -- rest of this transaction.

@@ -1,3 +1,11 @@
+-- restore_hold_filing --
+-- A restore brings back no row a pending erasure request names (restore_in_place); one filed
+-- while the restore is under way (its check already made) would be carried out by
+-- `forget --purge-now` from rows read before the restore commits: the rows the restore holds
+-- skipped, the request left pending, the rows back on the read path. Filing a request waits
+-- for the restores under way (erasure_wait_for_restores): shared here, one lock per restore.
+SELECT pg_advisory_xact_lock_shared(4242005, 0)
+
 -- restorable_actions --
 -- Applied, still-restorable actions of a run (optionally of some memories), newest first.
 SELECT a.id AS action_id, a.run_id, a.job, a.action, a.memory_id, a.user_id, a.reason,
