@@ -99,13 +99,14 @@ def process_next_batch(
 
 
 def _scrub_erased_meanwhile(conn: Connection, actions: Sequence[Action]) -> None:
-    """A batch planned before its transaction (it waited on the model) read its rows minutes
-    ago: one may have been erased and purged meanwhile — moved to another user by the
-    application, whose `forget --purge-now` waited only for that user's batches. What this
-    batch just recorded about it (a preview, a merged text, a deferred group, a cached
-    decision) is scrubbed in the same transaction, as the erasure would have. (A row the
-    application merely deleted is not: a `forget-user` waiting for this batch then still
-    finds what the batch wrote, and files and completes its request.)"""
+    """A batch read its rows before it recorded what it did about them — minutes before, when
+    it was planned before its transaction (it waited on the model), or moments before, in its
+    transaction (reads take no lock): one may have been erased and purged meanwhile — moved to
+    another user by the application, whose `forget --purge-now` waited only for that user's
+    batches. What this batch just recorded about it (a preview, a merged text, a deferred
+    group, a cached decision) is scrubbed in the same transaction, as the erasure would have.
+    (A row the application merely deleted is not: a `forget-user` waiting for this batch then
+    still finds what the batch wrote, and files and completes its request.)"""
     from gc_worker import erasure  # (it imports modules this one does)
 
     named = {a.memory_id for a in actions if a.memory_id is not None}
@@ -155,8 +156,7 @@ def _commit_batch(
             ctx, actions = early
             ctx.conn, ctx.in_transaction = conn, True
         summary = _run_batch(ctx, run, batch_no, actions)
-        if early is not None:
-            _scrub_erased_meanwhile(conn, actions)
+        _scrub_erased_meanwhile(conn, actions)
         stats: dict[str, Any] = {k: v.as_dict() for k, v in ctx.stats.items()}
         if llm is not None:
             stats["_llm"] = _spent(llm, llm_before)

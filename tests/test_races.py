@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+import pytest
 import sqlalchemy as sa
 
 from gc_worker import erasure, restore
@@ -100,3 +101,37 @@ class TestRestoreAndErasure:
         assert (status(engine, gone), left, done) == (None, 0, "completed"), (
             "the restore put an erased user's row back on the read path"
         )
+
+
+class TestErasureOfAMemoryMovedDuringABatch:
+    @pytest.mark.parametrize("dry_run", [True, False])
+    def test_a_batch_planned_in_its_transaction_keeps_nothing_of_it(
+        self, engine, settings, monkeypatch, dry_run
+    ):
+        """u1's batch (no model: planned inside its transaction) has read m when the
+        application moves m to u2 and u2's `forget m --purge-now` completes (u2's batch waits
+        for no lock of u1's). What u1's batch then recorded — the planned or drifted soft
+        delete with m's preview — kept m's text, and verification found the residue; only a
+        batch planned before its transaction (one that asks the model) was scrubbed."""
+        from gc_worker import batch_run
+        from gc_worker.verify_erasure import verify
+        from tests.test_erasure_helpers import full_text_scan
+
+        m = add(engine, "u1", "Sees Dr Quillfeather on Tuesdays", expires_at=days_ago(1))
+        add(engine, "u1", "Likes green tea")
+        add(engine, "u2", "Collects stamps")
+        run_batch, moved = batch_run._run_batch, []
+
+        def move_and_forget_first(ctx: Any, run_row: Any, batch_no: int, actions: Any) -> Any:
+            if not moved and run_row["trigger"] != "erasure":
+                moved.append(m)
+                execute(engine, "UPDATE memories SET user_id = 'u2' WHERE id = :id", id=m)
+                erasure.forget(engine, settings, now=NOW, memory_id=m, purge_now=True)
+                assert status(engine, m) is None  # purged while u1's batch is still open
+            return run_batch(ctx, run_row, batch_no, actions)
+
+        monkeypatch.setattr(batch_run, "_run_batch", move_and_forget_first)
+        report = run(engine, settings, jobs=["ttl_expiry"], users=["u1"], dry_run=dry_run)
+        assert moved and report["status"] == "completed"
+        assert full_text_scan(engine, ["Quillfeather"]) == []
+        assert verify(engine, now=NOW + timedelta(days=1), memory_id=m).residues == []
