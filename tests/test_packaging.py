@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -134,3 +135,33 @@ def test_the_kubernetes_example_migrates_before_the_daemon_starts():
     init = example.index("initContainers:")
     assert init < example.index("containers:", init + len("initContainers:"))
     assert re.search(r'args: \["migrate"\]', example[init:]), example
+
+
+class TestBootstrap:
+    def test_a_failed_install_is_not_stamped_as_done(self, tmp_path):
+        """scripts/bootstrap checked its install with `python -c 'import gc_worker'` run in the
+        clone, which imports the clone's own folder whatever pip did: an install that failed
+        (the registry unreachable) was stamped as done, and every later `scripts/demo` failed on
+        a missing .venv/bin/memory-gc without installing again. It exits 1 with pip's error and
+        leaves no stamp, so the next run tries again."""
+        clone = tmp_path / "clone"
+        (clone / "scripts").mkdir(parents=True)
+        shutil.copy(ROOT / "scripts" / "bootstrap", clone / "scripts" / "bootstrap")
+        (clone / "pyproject.toml").write_text("", encoding="utf-8")
+        (clone / "gc_worker").mkdir()
+        (clone / "gc_worker" / "__init__.py").write_text("", encoding="utf-8")
+        bin_dir = clone / ".venv" / "bin"
+        bin_dir.mkdir(parents=True)
+        python = bin_dir / "python"  # pip fails as offline; anything else is the real python
+        python.write_text(
+            '#!/bin/sh\nif [ "$1" = "-m" ]; then\n'
+            '  echo "ERROR: registry unreachable" >&2; exit 1\nfi\n'
+            f'exec "{sys.executable}" "$@"\n',
+            encoding="utf-8",
+        )
+        python.chmod(0o755)
+        done = subprocess.run(["bash", str(clone / "scripts" / "bootstrap")],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "registry unreachable" in done.stderr
+        assert not (clone / ".venv" / ".memory-gc-installed").exists()
