@@ -1,8 +1,9 @@
 """``memory-gc demo``: a realistic sample store in the embedded database, and its dry run.
 
-Seeds five users and ~3,000 memories spread over a year into a fresh ``memory_gc_demo``
-database of the embedded PostgreSQL (never the configured store), then runs a dry run at a
-fixed instant and prints the summary and where the JSON / Markdown / HTML reports are.
+Seeds five users and ~3,000 memories spread over a year, and one user's request to forget a
+memory, into a fresh ``memory_gc_demo`` database of the embedded PostgreSQL (never the
+configured store), then runs a dry run at a fixed instant and prints the summary and where
+the JSON / Markdown / HTML reports are.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import sqlalchemy as sa
 
-from gc_worker import db, schema
+from gc_worker import db, erasure, schema
 from gc_worker import engine as gc_engine
 from gc_worker.config import EmbeddingSettings
-from gc_worker.demo_data import DEMO_DIM, seed_rows
+from gc_worker.demo_data import DEMO_DIM, forget_me_id, seed_rows
 from gc_worker.report import build_report, write_report
 
 DEMO_DB = "memory_gc_demo"
@@ -33,6 +35,8 @@ def run_demo(ctx: Any, *, output_dir: Path | None = None, apply: bool = False) -
     schema.migrate(engine, embedding_dim=DEMO_DIM)
     rows = seed_rows(DEMO_NOW)
     _insert(engine, rows)
+    with engine.begin() as conn:  # as `memory-gc forget ID` files it
+        erasure.file_request(conn, memory_id=UUID(forget_me_id(rows)), requested_by="demo")
     request = gc_engine.RunRequest(
         mode="dry_run", now=DEMO_NOW, jobs=gc_engine.resolve_jobs([], settings), trigger="demo"
     )
@@ -59,10 +63,17 @@ def _apply_and_rerun(engine: sa.Engine, settings: Any, plan_id: Any, out: Path) 
     with engine.connect() as conn:
         applied_report, again_report = build_report(conn, applied), build_report(conn, again)
     path = write_report(applied_report, out / "applied.html")
-    print(f"\napplied: {applied_report['totals']['actions']} actions ({path})")
-    changes = sum(n for k, n in again_report["totals"]["by_action"].items() if k != "deferred")
-    deferred = again_report["totals"]["by_action"].get("deferred", 0)
+    changes, deferred = _changes(applied_report)  # a deferred group is listed, not applied
+    print(f"\napplied: {changes} changes ({deferred} deferred groups left as they are; {path})")
+    changes, deferred = _changes(again_report)
     print(f"second run right after: {changes} changes ({deferred} groups still wait for an LLM)")
+
+
+def _changes(report: dict[str, Any]) -> tuple[int, int]:
+    """(actions that change a row, groups deferred) of a report."""
+    by_action = report["totals"]["by_action"]
+    deferred = by_action.get("deferred", 0)
+    return sum(by_action.values()) - deferred, deferred
 
 
 def _insert(engine: sa.Engine, rows: list[dict[str, Any]]) -> None:
@@ -95,7 +106,11 @@ def demo_summary(
     lines += deferred_lines([a for a in report["actions"] if a["action"] == "deferred"])
     lines += ["", "reports:"] + [f"  {p}" for p in paths]
     if not applying:
-        lines += ["", "to apply it and see a second run find nothing left: memory-gc demo --apply"]
+        lines += [
+            "",
+            "to apply it and see a second run find nothing left: memory-gc demo --apply",
+            "(in a clone, where scripts/demo installed it in .venv: scripts/demo --apply)",
+        ]
     return "\n".join(lines)
 
 

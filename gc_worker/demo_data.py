@@ -21,6 +21,9 @@ USERS = {
     "dana": (640, 365),
     "eve": (300, 200),
 }
+# the memory a user asked to forget: the demo files that request (`memory-gc forget ID`), so
+# the erasure job acts too
+FORGET_ME = ("eve", "Eve's home address is 14 Harbour Lane, flat 3")
 
 FACTS = [
     "works as a {job} in {city}",
@@ -102,7 +105,15 @@ def seed_rows(now: datetime, seed: int = 7) -> list[dict[str, Any]]:
     for user, (count, days) in USERS.items():
         rows += _user_rows(user, count, days, now, rng)
         rows += _story_rows(user, now, rng)
+    user, content = FORGET_ME
+    rows.append(_row(user, content, now, 90, importance=4, embedding=_random_vector(rng)))
     return rows
+
+
+def forget_me_id(rows: list[dict[str, Any]]) -> str:
+    """The id of the memory the demo's erasure request names."""
+    [memory_id] = [r["id"] for r in rows if (r["user_id"], r["content"]) == FORGET_ME]
+    return memory_id
 
 
 def _user_rows(

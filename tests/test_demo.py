@@ -76,6 +76,46 @@ class TestDemo:
             engine.dispose()
         assert current == ["Evening meetings are fine for Alice this week"]
 
+    def test_every_job_acts_and_the_hint_runs_from_a_clone(
+        self, pg_server, pg_data_dir, monkeypatch, capsys, tmp_path
+    ):
+        """The demo is what shows a newcomer the product: its plan had no erasure at all (no
+        forget-me request in the sample), and it ended with "memory-gc demo --apply", which is
+        not on PATH after the README's `scripts/demo` (the script runs .venv's)."""
+        monkeypatch.setenv("MEMORY_GC_DATA_DIR", str(pg_data_dir))
+        assert main(["demo", "--output-dir", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        report = json.loads((tmp_path / "dry-run.json").read_text())
+        assert all(row["actions"] > 0 for row in report["jobs"].values()), report["jobs"]
+        [erased] = [a for a in report["actions"] if a["job"] == "erasure"]
+        assert (erased["action"], erased["reason"]) == ("soft_delete", "erasure")
+        assert "scripts/demo --apply" in out
+
+    def test_apply_counts_what_it_changed(
+        self, pg_server, pg_data_dir, monkeypatch, capsys, tmp_path
+    ):
+        """`demo --apply` said "applied: 1553 actions", counting the groups deferred for want
+        of an LLM (which nothing applied) as applied; the forget-me request is completed."""
+        import sqlalchemy as sa
+
+        from gc_worker import db
+        from gc_worker.demo import DEMO_DB
+
+        monkeypatch.setenv("MEMORY_GC_DATA_DIR", str(pg_data_dir))
+        assert main(["demo", "--apply", "--output-dir", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        by_action = json.loads((tmp_path / "dry-run.json").read_text())["totals"]["by_action"]
+        deferred = by_action["deferred"]
+        changed = sum(by_action.values()) - deferred
+        assert f"applied: {changed} changes ({deferred} deferred groups left as they are" in out
+        engine = db.make_engine(db.embedded_url(pg_data_dir, DEMO_DB))
+        try:
+            with engine.connect() as conn:
+                status = conn.execute(sa.text("SELECT status FROM gc_erasure_requests")).all()
+        finally:
+            engine.dispose()
+        assert [s for (s,) in status] == ["completed"]
+
 
 def report_actions(out_dir) -> list[dict]:
     return json.loads((out_dir / "dry-run.json").read_text())["actions"]
