@@ -12,6 +12,7 @@ Metrics (one registry per daemon; all counters are this replica's, sum them acro
     memory_gc_llm_errors_total{kind}                error (after retries) / invalid_answer
     memory_gc_sweep_requests_total{status}          on-demand sweeps finished (done / failed)
     memory_gc_sweep_requests_pending                queue length at the last poll
+    memory_gc_plans_held                            nightly plans held for a person, still waiting
     memory_gc_unit_failures_total{unit}             units of work that failed (logged as
                                                     gc.daemon.unit_failed; the daemon carries on)
 
@@ -97,9 +98,10 @@ class Metrics:
         # seen at 1 has no earlier sample, and its first failure would not count as an increase
         for unit in UNITS:
             self.unit_failures.labels(unit)
+        # every run a daemon finishes: erasure is a held plan's users' forget requests
         for trigger, mode in (("nightly", "apply"), ("nightly", "dry_run"),
                               ("nightly_apply", "apply"), ("sweep", "apply"),
-                              ("sweep", "dry_run")):  # fmt: skip
+                              ("sweep", "dry_run"), ("erasure", "apply")):  # fmt: skip
             for status in ("completed", "failed"):
                 self.runs.labels(trigger, mode, status)
         for status in ("done", "failed"):

@@ -232,6 +232,22 @@ class TestHealth:
         assert code == 404 and "/metrics" in body, url
 
 
+def test_the_erasure_runs_failed_series_is_exported_from_the_start():
+    """operations.md: the completed / failed series of memory_gc_runs_total exist at 0 from the
+    start, so that `increase(memory_gc_runs_total{status="failed"}[1d]) > 0` sees a first
+    failure. The daemon also finishes runs with trigger `erasure` (a held plan's users' forget
+    requests, carried out meanwhile), whose series were missing: the first failed erasure run
+    appeared at 1 and was no increase."""
+    metrics = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(Metrics().exposition().decode())
+        for s in family.samples
+    }
+    for status in ("completed", "failed"):
+        labels = {"trigger": "erasure", "mode": "apply", "status": status}
+        assert sample(metrics, "memory_gc_runs_total", **labels) == 0, status
+
+
 def session_ended_in(monkeypatch: pytest.MonkeyPatch, query: str) -> None:
     """The metrics' first read of ``query`` finds its session ended by the server (57P01, as
     in a restart or a reaped session), after the work it counts committed."""
