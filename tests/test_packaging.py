@@ -4,6 +4,7 @@ deployment run."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -152,9 +153,9 @@ class TestBootstrap:
         (clone / "gc_worker" / "__init__.py").write_text("", encoding="utf-8")
         bin_dir = clone / ".venv" / "bin"
         bin_dir.mkdir(parents=True)
-        python = bin_dir / "python"  # pip fails as offline; anything else is the real python
+        python = bin_dir / "python"  # pip install fails as offline; else the real python
         python.write_text(
-            '#!/bin/sh\nif [ "$1" = "-m" ]; then\n'
+            '#!/bin/sh\nif [ "$1 $2 $3" = "-m pip install" ]; then\n'
             '  echo "ERROR: registry unreachable" >&2; exit 1\nfi\n'
             f'exec "{sys.executable}" "$@"\n',
             encoding="utf-8",
@@ -165,3 +166,35 @@ class TestBootstrap:
         assert done.returncode == 1, done.stdout + done.stderr
         assert "registry unreachable" in done.stderr
         assert not (clone / ".venv" / ".memory-gc-installed").exists()
+
+    def test_a_venv_left_without_pip_is_made_again(self, tmp_path):
+        """On Debian or Ubuntu without python3-venv, `python3 -m venv .venv` fails for want of
+        ensurepip after making .venv/bin/python: once the user installed what its message asks
+        for, every run skipped the venv (its python exists) and failed on "No module named
+        pip". A .venv whose python has no pip is made again."""
+        clone = tmp_path / "clone"
+        (clone / "scripts").mkdir(parents=True)
+        shutil.copy(ROOT / "scripts" / "bootstrap", clone / "scripts" / "bootstrap")
+        (clone / "pyproject.toml").write_text("", encoding="utf-8")
+        (clone / ".venv" / "bin").mkdir(parents=True)
+        _script(clone / ".venv" / "bin" / "python", 'echo "No module named pip" >&2; exit 1')
+        fake_bin = tmp_path / "bin"  # the python bootstrap picks: records that it made a venv
+        fake_bin.mkdir()
+        _script(
+            fake_bin / "python3.13",
+            'if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then\n'
+            "  touch venv-made; exit 0\n"
+            "fi\n"
+            f'exec "{sys.executable}" "$@"',
+        )
+        env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
+        done = subprocess.run(["bash", str(clone / "scripts" / "bootstrap")], env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert (clone / "venv-made").exists(), done.stdout + done.stderr
+        assert done.returncode == 1  # the fake venv's pip still fails: no stamp
+        assert not (clone / ".venv" / ".memory-gc-installed").exists()
+
+
+def _script(path: Path, body: str) -> None:
+    path.write_text(f"#!/bin/sh\n{body}\n", encoding="utf-8")
+    path.chmod(0o755)
