@@ -33,6 +33,7 @@ EXTENSIONS = (
     "gc_worker.cli_erasure",
     "gc_worker.cli_schedule",
     "gc_worker.cli_history",
+    "gc_worker.cli_cancel",
 )
 
 
@@ -149,6 +150,10 @@ def _process(engine: Any, run_id: Any, ctx: Context, settings: Any = None) -> Ru
                 if load_run(conn, run_id)["status"] != "failed":
                     raise
             return exc
+    with engine.connect() as conn:  # closed by someone else meanwhile: `memory-gc cancel`
+        run = load_run(conn, run_id)
+    if run["status"] == "failed":
+        return RunFailed(f"run {run_id}: {run['error']}")
     return None
 
 

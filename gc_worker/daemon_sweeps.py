@@ -108,10 +108,13 @@ class SweepServing:
                 self._sweep_failed(claim.id, describe_error(exc))
             raise
         with self.engine.connect() as conn:
-            status = load_run(conn, run_id)["status"]
+            run = load_run(conn, run_id)
+        status = run["status"]
         if done or status == "completed":
             if sweeps.finish_sweep(self.engine, claim.id, worker=self.worker_id):
                 self.metrics.sweeps.labels("done").inc()
+        elif status == "failed":  # closed under it: `memory-gc cancel`
+            self._sweep_failed(claim.id, run["error"] or "its run failed")
         elif self.stopping():
             sweeps.release_sweep(self.engine, claim.id, worker=self.worker_id)
         # else: another worker still holds the run's last batch (say a holder whose lease ran out

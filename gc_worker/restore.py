@@ -73,6 +73,12 @@ def _restore_run(engine: Engine, run_id: UUID, now: datetime | None) -> RestoreR
                 f"run {run_id} is a restore run; it cannot itself be undone (run the jobs "
                 "again to make their changes anew)"
             )
+        if run["status"] == "running":  # its batches after this restore would stay applied
+            raise UsageError(
+                f"run {run_id} is still running (or stopped, to be taken up again): what it "
+                f"applies after a restore would stay. Stop it for good first: `memory-gc cancel "
+                f"{run_id}`, then restore it"
+            )
         gone = conn.execute(q("run_unrestorable"), {"run_id": run_id}).one()
         result = _restore(conn, run_id, None, now=now, nothing_left_ok=not gone.restored_before)
         result.purged, result.erased = gone.purged, gone.erased
