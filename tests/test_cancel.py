@@ -22,6 +22,7 @@ from gc_worker.errors import UsageError
 from gc_worker.restore import restore_run
 from tests.store import NOW, add, days_ago, execute
 from tests.test_schedule import SLOT
+from tests.test_schedule_stale_orphans import stopped_after_one_batch
 from tests.test_sweep_failures import run_of
 
 USERS = ("u1", "u2", "u3", "u4")
@@ -112,20 +113,7 @@ def test_a_cancelled_nightly_run_is_not_taken_up_again(engine, settings, monkeyp
     """Stopping the daemons was the only stop, and the next upkeep resumed the run."""
     settings = one_at_a_time(settings)
     ids = expired_rows(engine)
-    daemon = Daemon(engine, settings, clock=lambda: SLOT + timedelta(minutes=1))
-    real, seen = ttl.plan, []
-
-    def plan(ctx):
-        seen.append(1)
-        if len(seen) == 1:
-            daemon.request_stop()
-        return real(ctx)
-
-    monkeypatch.setattr(ttl, "plan", plan)
-    with closing(daemon):
-        daemon.nightly()
-    monkeypatch.undo()
-    (run_id,) = execute(engine, "SELECT id FROM gc_runs").scalars().all()
+    run_id = stopped_after_one_batch(engine, settings, monkeypatch, SLOT + timedelta(minutes=1))
     cancel(engine, run_id, wait_seconds=0)
     with closing(Daemon(engine, settings, clock=lambda: SLOT + timedelta(minutes=5))) as again:
         again.upkeep()
