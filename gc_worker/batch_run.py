@@ -107,7 +107,7 @@ def _scrub_erased_meanwhile(conn: Connection, actions: Sequence[Action]) -> None
     group, a cached decision) is scrubbed in the same transaction, as the erasure would have.
     (A row the application merely deleted is not: a `forget-user` waiting for this batch then
     still finds what the batch wrote, and files and completes its request.)"""
-    from gc_worker import erasure  # (it imports modules this one does)
+    from gc_worker import erasure_scrub  # (it imports modules this one does)
 
     named = {a.memory_id for a in actions if a.memory_id is not None}
     for action in actions:
@@ -118,9 +118,9 @@ def _scrub_erased_meanwhile(conn: Connection, actions: Sequence[Action]) -> None
         a.memory_id for a in actions
         if a.action in (Kind.CREATE_MERGED, Kind.HARD_DELETE) or a.job == "erasure"
     }  # fmt: skip
-    erased = erasure.erased_ids(conn, sorted(named, key=str))
+    erased = erasure_scrub.erased_ids(conn, sorted(named, key=str))
     if erased:
-        erasure.scrub(conn, erased, users=[])
+        erasure_scrub.scrub(conn, erased, users=[])
         log.info("gc.batch_scrubbed_erased", memories=len(erased))
 
 

@@ -441,7 +441,7 @@ def _purge(
     audit (cut to ids and codes, as an erasure scrubs), cached model decisions about them."""
     if not actions:
         return
-    from gc_worker.erasure import KEEP_DETAILS  # (here: gc_worker.erasure imports this module)
+    from gc_worker.erasure_scrub import KEEP_DETAILS  # (it imports this module)
 
     ids = [a.memory_id for a in actions]
     id_texts = [str(i) for i in ids]

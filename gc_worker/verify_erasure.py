@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from gc_worker.config import check_clock
 from gc_worker.db import transaction
-from gc_worker.erasure import KEEP_DETAILS, audited_reach, gone_ids
+from gc_worker.erasure_scrub import KEEP_DETAILS, audited_reach, gone_ids
 from gc_worker.errors import NotFoundError, UsageError
 from gc_worker.queries import q
 from jobs.similarity import content_hash

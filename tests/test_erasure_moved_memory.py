@@ -11,7 +11,7 @@ from uuid import UUID
 import pytest
 import sqlalchemy as sa
 
-from gc_worker import erasure, restore
+from gc_worker import erasure, erasure_scrub, restore
 from gc_worker.cli import main
 from gc_worker.verify_erasure import verify
 from tests.store import NOW, add, days_ago, get, run
@@ -101,7 +101,7 @@ def test_a_misfiled_request_scrubs_nothing_about_a_stored_memory(engine, setting
     run(engine, settings, now=NOW + DAY)
     assert requests(engine)[0]["status"] == "pending"
     with engine.begin() as conn:  # scrubbing by id directly: m is stored and not erased
-        erasure.scrub(conn, [m], users=["u2"])
+        erasure_scrub.scrub(conn, [m], users=["u2"])
     (retired,) = audit_rows(engine, m)
     assert retired["content_preview"] == "Sees Dr Quillfeather on Tuesdays"
     assert "scrubbed" not in retired["details"]
@@ -162,7 +162,7 @@ def test_a_row_the_application_soft_deleted_without_a_reason_is_not_erased(engin
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE memories SET status = 'deleted', deleted_at = :t"
                              " WHERE id = :m"), {"t": NOW, "m": m})  # fmt: skip
-        assert erasure.gone_ids(conn, [m]) == []
+        assert erasure_scrub.gone_ids(conn, [m]) == []
     erasure.forget(engine, settings, now=NOW + DAY, memory_id=m)
     with engine.connect() as app:  # holds m: the erasure drifts
         app.execute(sa.text("SELECT 1 FROM memories WHERE id = :m FOR UPDATE"), {"m": m})
