@@ -19,7 +19,13 @@ from gc_worker.claims import participating
 from gc_worker.db import transaction
 from gc_worker.errors import UsageError
 from gc_worker.queries import q
-from gc_worker.run_record import APPLY_TRIGGER, load_run, pending_batches, settings_of
+from gc_worker.run_record import (
+    APPLY_TRIGGER,
+    CANCELLED,
+    load_run,
+    pending_batches,
+    settings_of,
+)
 
 log = structlog.get_logger("memory_gc")
 
@@ -145,9 +151,15 @@ def _resume_apply(
 
 def _check_plan(conn: Connection, plan: dict[str, Any]) -> None:
     """A completed dry run can be applied; so can one that failed only because some of its
-    batches failed (none pending: the others were planned, and are applied)."""
+    batches failed (none pending: the others were planned, and are applied) — not one an
+    operator cancelled, even once the batch in flight at the cancel committed."""
     if plan["mode"] != "dry_run":
         raise UsageError(f"run {plan['id']} is not a dry run; only a dry run's plan can be applied")
+    if plan["status"] == "failed" and plan["error"] == CANCELLED:
+        raise UsageError(
+            f"run {plan['id']} was cancelled (`memory-gc cancel`); only a completed plan can be "
+            "applied: make a new one (`memory-gc run --dry-run`)"
+        )
     if plan["status"] == "failed" and not pending_batches(conn, plan["id"]):
         return
     if plan["status"] == "running":  # or stopped: a dry run nobody works is left running

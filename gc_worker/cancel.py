@@ -24,9 +24,8 @@ from sqlalchemy.engine import Engine
 from gc_worker.db import transaction
 from gc_worker.errors import UsageError
 from gc_worker.queries import q
-from gc_worker.run_record import load_run
+from gc_worker.run_record import CANCELLED, load_run
 
-CANCELLED = "cancelled by an operator (memory-gc cancel); what it applied stays until restored"
 POLL_SECONDS = 0.2
 
 

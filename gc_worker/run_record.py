@@ -21,6 +21,9 @@ APPLY_TRIGGER = "nightly_apply"  # … and its applies of nightly plans (plan_th
 # (gc_worker.daemon): losing the database leaves them so, instead of failing them.
 RESUMED_TRIGGERS = (NIGHTLY_TRIGGER, APPLY_TRIGGER)
 SWEEP_TRIGGER = "sweep"  # a daemon's on-demand sweep of one user (gc_worker.daemon_sweeps)
+# The error of a run an operator cancelled (gc_worker.cancel): a dry run closed so is no plan,
+# even once the batch in flight at the cancel committed and left none pending.
+CANCELLED = "cancelled by an operator (memory-gc cancel); what it applied stays until restored"
 
 
 def load_run(conn: Connection, run_id: UUID) -> dict[str, Any]:

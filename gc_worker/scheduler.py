@@ -41,6 +41,7 @@ from gc_worker.errors import ConfigError, UsageError
 from gc_worker.queries import q
 from gc_worker.run_record import (
     APPLY_TRIGGER,
+    CANCELLED,
     NIGHTLY_TRIGGER,
     RESUMED_TRIGGERS,
     SWEEP_TRIGGER,
@@ -206,7 +207,8 @@ def due_plans(engine: Engine, now: datetime, delay_minutes: float) -> list[UUID]
     """Nightly plans whose review delay has passed and that were neither applied nor rejected."""
     with engine.connect() as conn:
         cutoff = now - timedelta(minutes=delay_minutes)
-        return list(conn.execute(q("due_plans"), {"cutoff": cutoff}).scalars())
+        params = {"cutoff": cutoff, "cancelled": CANCELLED}
+        return list(conn.execute(q("due_plans"), params).scalars())
 
 
 def hold_if_large(engine: Engine, plan_run_id: UUID, schedule: ScheduleSettings) -> bool:

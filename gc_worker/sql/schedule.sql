@@ -109,12 +109,14 @@ ORDER BY started_at
 -- finished_at is the server's clock; a daemon run with a clock ahead of it (--now in the
 -- future) measures the delay from the plan's end on its own clock (its `now` + its duration),
 -- so the review window is never skipped.
--- A plan that ended failed only because some batches failed (none pending) applies the rest.
+-- A plan that ended failed only because some batches failed (none pending) applies the rest;
+-- one an operator cancelled (:cancelled, gc_worker.cancel) never does, even once the batch in
+-- flight at the cancel committed and left none pending.
 -- A held plan (too large to apply unattended, hold_plan) waits for a person.
 SELECT id FROM gc_runs
 WHERE slot IS NOT NULL AND mode = 'dry_run' AND applied_by IS NULL AND held IS NULL
   AND (status = 'completed'
-       OR (status = 'failed' AND NOT EXISTS (
+       OR (status = 'failed' AND error IS DISTINCT FROM :cancelled AND NOT EXISTS (
                SELECT 1 FROM gc_run_batches b WHERE b.run_id = gc_runs.id AND b.state = 'pending')))
   AND greatest(finished_at, now + (finished_at - started_at)) <= :cutoff
 ORDER BY finished_at
