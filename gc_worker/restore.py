@@ -79,10 +79,24 @@ def _restore_run(engine: Engine, run_id: UUID, now: datetime | None) -> RestoreR
                 f"applies after a restore would stay. Stop it for good first: `memory-gc cancel "
                 f"{run_id}`, then restore it"
             )
+        if run["status"] == "failed" and not _nobody_works(conn, run_id):
+            raise UsageError(  # cancelled: the batch one is in commits after this restore
+                f"run {run_id} was cancelled, but processes still work it: each finishes the "
+                "batch it is in, which would stay applied. Restore it again once they have "
+                "(a batch commits whole, then they stop)"
+            )
         gone = conn.execute(q("run_unrestorable"), {"run_id": run_id}).one()
         result = _restore(conn, run_id, None, now=now, nothing_left_ok=not gone.restored_before)
         result.purged, result.erased = gone.purged, gone.erased
         return result
+
+
+def _nobody_works(conn: Connection, run_id: UUID) -> bool:
+    """Whether no process participates in the run (gc_worker.claims)."""
+    if not conn.execute(q("try_run_exclusive"), {"run_id": run_id}).scalar():
+        return False
+    conn.execute(q("unlock_run_exclusive"), {"run_id": run_id})
+    return True
 
 
 def restore_memory(

@@ -4,6 +4,7 @@ restore asked for before the cancelled run's workers have left it."""
 
 from __future__ import annotations
 
+import threading
 from contextlib import closing
 from datetime import timedelta
 
@@ -58,3 +59,37 @@ class TestACancelledPlanWhoseBatchesAllCommitted:
             gc_engine.apply_plan(engine, plan_id)
         assert [r["mode"] for r in runs(engine)] == ["dry_run"]
 
+
+def test_a_cancelled_run_still_worked_is_not_restored_yet(engine, settings, monkeypatch):
+    """`cancel --wait-seconds 0` returns while a worker is inside a batch; a restore then undid
+    the committed batches and reported success, and the batch in flight committed after it and
+    stayed applied. It is refused until the workers have left the run."""
+    from gc_worker.restore import restore_run
+    from tests.test_cancel import apply_request, expired_rows, one_at_a_time, statuses
+
+    settings = one_at_a_time(settings)
+    ids = expired_rows(engine)
+    run_id = gc_engine.start_run(engine, settings, apply_request())
+    in_second, go, real, planned = threading.Event(), threading.Event(), ttl.plan, []
+
+    def plan(ctx):
+        planned.append(1)
+        if len(planned) == 2:  # the worker is inside its second batch
+            in_second.set()
+            go.wait(30)
+        return real(ctx)
+
+    monkeypatch.setattr(ttl, "plan", plan)
+    worker = threading.Thread(target=gc_engine.process_run, args=(engine, run_id, settings))
+    worker.start()
+    try:
+        assert in_second.wait(30)
+        assert not cancel(engine, run_id, wait_seconds=0).workers_done
+        with pytest.raises(UsageError, match="still work"):
+            restore_run(engine, run_id)
+    finally:
+        go.set()
+        worker.join(30)
+    assert sorted(statuses(engine, ids).values()) == ["active", "active", "deleted", "deleted"]
+    restore_run(engine, run_id)  # they have left: all of it is undone
+    assert set(statuses(engine, ids).values()) == {"active"}
