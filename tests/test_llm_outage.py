@@ -99,3 +99,20 @@ def test_a_run_against_a_model_that_is_down_asks_once(engine, settings, make_llm
     deferred = [a for a in report["actions"] if a["action"] == "deferred"]
     assert len(deferred) == 6 and {a["reason"] for a in deferred} == {"llm_unavailable"}
     assert report["totals"]["by_action"].get("merge", 0) == 0
+
+
+def test_embeddings_that_fail_pause_no_decision(engine, settings, make_llm):
+    """A server that answers chat but not embeddings (its embeddings model missing: 404): each
+    merged record takes its members' centroid, as before the pause. The embeddings call's
+    failure paused every later merge question too, so after the first batch's merge the other
+    users' groups were deferred for the whole pause."""
+    seed_pairs(engine, 3)
+    settings = settings.model_copy(
+        update={"run": settings.run.model_copy(update={"batch_users": 1, "workers": 1})}
+    )
+    missing = httpx2.Response(404, json={"error": {"message": "no such model"}})
+    server = FakeOpenAI(embed=lambda body, request: missing)
+    report = run(engine, settings, jobs=["compaction"], llm=make_llm(server, max_retries=0))
+    assert report["totals"]["by_action"].get("create_merged", 0) == 3
+    assert server.count("/chat/completions") == 3
+    assert server.count("/embeddings") == 1  # paused after it: the centroid meanwhile

@@ -8,7 +8,8 @@ the batch deferred the rest of its questions: at 500 users a batch, 10,000 users
 three hours of waiting, a million users days. With it the run asks again once per pause, and
 goes on deferring in between. A request refused for its content (400, 413, 422: the server is
 up) or a budget row another session held does not start a pause: the next question may well
-be answered. A pause of 0 turns this off. One ``Outage`` per port, shared by its threads.
+be answered. A pause of 0 turns this off. One ``Outage`` per endpoint of a port (decisions,
+embeddings: a server may answer one and not the other), shared by its threads.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
   A rejected answer counts ``invalid_answers``, logs ``llm.answer_rejected`` and raises
   ``LLMInvalidAnswer``; nothing is cached for it.
 - ``embed``: embeddings of texts, same retries and budget.
-- After a call the model did not answer, no call for ``outage_pause_seconds`` (``llm.outage``).
+- After a call the model did not answer, no call for ``outage_pause_seconds`` (``llm.outage``);
+  the embeddings endpoint pauses apart from the decisions.
 - ``begin_run()``: a fresh ``LLMBudget`` for the next run; ``usage()``: its counters.
 - ``build_llm`` / ``open_llm``: the port over a real ``openai.OpenAI`` client (``max_retries=0``,
   the port retries; each whole request bounded by ``timeout_seconds``, ``llm.deadline``), or
@@ -56,7 +57,10 @@ class LLMPort:
     ) -> None:
         self.options = options
         self._model = ModelClient(client, options, sleep)
+        # one pause per endpoint: a server whose embeddings fail (its embeddings model missing)
+        # still answers the decisions, and a merged record then takes its members' centroid
         self._outage = Outage(options.outage_pause_seconds, clock)
+        self._embed_outage = Outage(options.outage_pause_seconds, clock)
         self._cache: DecisionCache = cache if cache is not None else InMemoryDecisionCache()
         self._budget = self._new_budget()
         # called after every request to the model, answered or not: a sign of life for a
@@ -120,19 +124,19 @@ class LLMPort:
         """Embedding vectors of ``texts``, in order."""
         if not texts:
             return []
-        self._outage.check("embed")
+        self._embed_outage.check("embed")
         try:
             vectors = self._model.embed(texts, self._budget)
         except LLMUnavailable as exc:
-            self._outage.failed(exc)
+            self._embed_outage.failed(exc)
             raise
         except LLMInvalidAnswer as exc:
-            self._outage.answered()
+            self._embed_outage.answered()
             self._reject("embed", None, len(texts), exc)
             raise
         finally:
             self._request_done()
-        self._outage.answered()
+        self._embed_outage.answered()
         return vectors
 
     def _decide(self, user_id: str, request: DecisionRequest[Any, Any]) -> Any:
