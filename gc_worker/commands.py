@@ -110,8 +110,8 @@ def cmd_run(args: argparse.Namespace, ctx: Context) -> int:
     if request.mode == "apply":
         not_ahead(request.now, f"--now {args.now!r}", "Use --dry-run to preview a later date.")
     engine = ctx.engine()
-    run_id = gc_engine.start_run(engine, ctx.settings, request)
-    failed = _process(engine, run_id, ctx)
+    with gc_engine.started(engine, ctx.settings, request) as run_id:
+        failed = _process(engine, run_id, ctx)
     return _finish_or_fail(engine, run_id, paths, failed)
 
 

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 
 from gc_worker import scheduler
 from gc_worker.config import Settings
-from gc_worker.engine import RunRequest, resolve_jobs, start_run
+from gc_worker.engine import RunRequest, resolve_jobs, started
 from gc_worker.errors import RunFailed
 
 log = structlog.get_logger("memory_gc")
@@ -77,7 +77,7 @@ class DuePlans:
             mode="apply", now=self.clock(), users=tuple(users), jobs=("erasure",),
             trigger="erasure",
         )  # fmt: skip
-        run_id = start_run(self.engine, self.settings, request)
-        log.info("gc.schedule.erasures_while_held", run_id=str(run_id), users=len(users))
-        self.work(run_id)
+        with started(self.engine, self.settings, request) as run_id:  # (close_stopped_runs)
+            log.info("gc.schedule.erasures_while_held", run_id=str(run_id), users=len(users))
+            self.work(run_id)
         return run_id

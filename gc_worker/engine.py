@@ -24,8 +24,9 @@ This module starts a run (``start_run``), works one (``process_run``), and does 
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -37,6 +38,7 @@ from sqlalchemy.engine import Connection, Engine
 import jobs
 from gc_worker import audit, run_workers, score_pass, triage
 from gc_worker.apply_start import applying
+from gc_worker.claims import participating
 from gc_worker.config import Settings, check_clock
 from gc_worker.db import describe_error, transaction, translated_errors
 from gc_worker.errors import NotFoundError, RunFailed, UsageError
@@ -79,14 +81,19 @@ def resolve_jobs(requested: Sequence[str], settings: Settings) -> tuple[str, ...
 
 
 def start_run(
-    engine: Engine, settings: Settings, request: RunRequest, *, slot: str | None = None
-) -> UUID:
+    engine: Engine, settings: Settings, request: RunRequest, *, slot: str | None = None,
+    participate: Callable[[UUID], None] | None = None,
+) -> UUID:  # fmt: skip
     """Record the run and its user batches; nothing is planned yet.
 
     ``slot`` (unique, e.g. a nightly fire time) makes a second start of the same slot fail with
     IntegrityError, so replicas firing together create one run (gc_worker.scheduler).
+    ``participate(run_id)``, if given, is called before the run is committed and must make the
+    caller a participant of it (``started``).
     """
     run_id = uuid4()
+    if participate is not None:
+        participate(run_id)
     with transaction(engine) as conn:
         everyone = _users(conn, request.users)
         found = triage.scan(
@@ -106,6 +113,22 @@ def start_run(
         users_without_work=len(everyone) - len(users),
     )  # fmt: skip
     return run_id
+
+
+@contextlib.contextmanager
+def started(engine: Engine, settings: Settings, request: RunRequest) -> Iterator[UUID]:
+    """``start_run``, participating in the run from before it is committed until the block
+    ends. A run nothing resumes is closed as stopped once it is a lease old with nobody taking
+    part (scheduler.close_stopped_runs), and the lease counts from its row's insert, at the
+    start of the transaction that records its batches: one whose batches took long to record
+    was already that old when it committed, and an upkeep before its process took part closed
+    it."""
+    with contextlib.ExitStack() as held:
+
+        def participate(run_id: UUID) -> None:
+            held.enter_context(participating(engine, run_id))
+
+        yield start_run(engine, settings, request, participate=participate)
 
 
 def _users(conn: Connection, requested: tuple[str, ...] | None) -> list[str]:
@@ -234,8 +257,8 @@ def run_once(
     on_batch: Callable[[int], None] | None = None,
 ) -> UUID:
     """Start a run and work it to completion in this process."""
-    run_id = start_run(engine, settings, request)
-    process_run(engine, run_id, settings, llm=llm, on_batch=on_batch)
+    with started(engine, settings, request) as run_id:
+        process_run(engine, run_id, settings, llm=llm, on_batch=on_batch)
     return run_id
 
 

@@ -10,6 +10,8 @@ from contextlib import closing
 from datetime import timedelta
 from uuid import UUID
 
+import sqlalchemy as sa
+
 from gc_worker import engine as gc_engine
 from gc_worker.apply_start import start_apply
 from gc_worker.claims import participating
@@ -97,3 +99,32 @@ class TestStoppedRunsAreClosed:
                 t=NOW, r=run_id)  # fmt: skip
         history.prune(engine, settings, now=later)
         assert execute(engine, "SELECT count(*) FROM gc_runs WHERE id = :r", r=run_id).scalar() == 0
+
+
+def test_a_run_whose_start_took_a_lease_is_not_closed_before_it_is_worked(
+    engine, settings, monkeypatch
+):
+    """The lease counts from the run row's insert, at the start of its transaction: one whose
+    batches took longer to record (a large store, a slow machine) was already "a lease old"
+    when it committed, and an upkeep in the moment before its process took part closed it as
+    stopped — a live run failed, nothing done. The process takes part before the commit."""
+    from gc_worker import run_workers
+
+    memory = expired(engine)
+    real_insert, real_work = gc_engine._insert_batches, run_workers.work_batches
+
+    def slow_insert(conn, run_id, batches, found):
+        real_insert(conn, run_id, batches, found)
+        older = "UPDATE gc_runs SET started_at = started_at - make_interval(secs => :age)"
+        conn.execute(sa.text(older + " WHERE id = :r"), {"age": LEASE + 1, "r": run_id})
+
+    def upkeep_first(*args, **kwargs):  # another daemon's upkeep, before this process takes part
+        upkeep(engine, settings)
+        return real_work(*args, **kwargs)
+
+    monkeypatch.setattr(gc_engine, "_insert_batches", slow_insert)
+    monkeypatch.setattr(run_workers, "work_batches", upkeep_first)
+    run_id = gc_engine.run_once(engine, settings, RunRequest(mode="apply", now=NOW,
+                                                             jobs=("ttl_expiry",)))  # fmt: skip
+    assert run_of(engine, run_id).status == "completed"
+    assert status(engine, memory) == "deleted"

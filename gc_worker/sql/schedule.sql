@@ -307,7 +307,8 @@ WHERE r.id = :run_id AND r.status = 'running'
 -- close_stopped_runs --
 -- Fail the runs nothing resumes (a `run`, an `apply`, a `forget --now`: not the daemon's, which
 -- it resumes, nor a sweep's, unrecorded_sweep_runs) that are still running, started more than a
--- lease ago (their process has long taken part: lock_run_shared), and that nobody works: their
+-- lease ago (their process has long taken part: lock_run_shared, taken before the run's row
+-- committed, engine.started / apply_start.applying), and that nobody works: their
 -- process was killed or lost the database. Otherwise they stayed running for ever, and history
 -- retention, which prunes only runs that ended, kept them for ever too. An apply closed so is
 -- still taken up again by `apply` of its plan (start_apply: its pending batches).
