@@ -98,7 +98,9 @@ def process_next_batch(
     return True
 
 
-def _scrub_erased_meanwhile(conn: Connection, actions: Sequence[Action]) -> None:
+def _scrub_erased_meanwhile(
+    conn: Connection, actions: Sequence[Action], unchanged: set[UUID]
+) -> None:
     """A batch read its rows before it recorded what it did about them — minutes before, when
     it was planned before its transaction (it waited on the model), or moments before, in its
     transaction (reads take no lock): one may have been erased and purged meanwhile — moved to
@@ -106,7 +108,10 @@ def _scrub_erased_meanwhile(conn: Connection, actions: Sequence[Action]) -> None
     batches. What this batch just recorded about it (a preview, a merged text, a deferred
     group, a cached decision) is scrubbed in the same transaction, as the erasure would have.
     (A row the application merely deleted is not: a `forget-user` waiting for this batch then
-    still finds what the batch wrote, and files and completes its request.)"""
+    still finds what the batch wrote, and files and completes its request.) ``unchanged``: rows
+    this transaction locked and found at the version the plan read (applied): not erased since,
+    so not looked up again — an apply then looks up only what drifted or was not locked, where
+    looking up every row cost a night of 1M memories 2 s (docs/benchmarks.md)."""
     from gc_worker import erasure_scrub  # (it imports modules this one does)
 
     named = {a.memory_id for a in actions if a.memory_id is not None}
@@ -118,6 +123,7 @@ def _scrub_erased_meanwhile(conn: Connection, actions: Sequence[Action]) -> None
         a.memory_id for a in actions
         if a.action in (Kind.CREATE_MERGED, Kind.HARD_DELETE) or a.job == "erasure"
     }  # fmt: skip
+    named -= unchanged
     erased = erasure_scrub.erased_ids(conn, sorted(named, key=str))
     if erased:
         erasure_scrub.scrub(conn, erased, users=[])
@@ -155,8 +161,8 @@ def _commit_batch(
         else:
             ctx, actions = early
             ctx.conn, ctx.in_transaction = conn, True
-        summary = _run_batch(ctx, run, batch_no, actions)
-        _scrub_erased_meanwhile(conn, actions)
+        summary, unchanged = _run_batch(ctx, run, batch_no, actions)
+        _scrub_erased_meanwhile(conn, actions, unchanged)
         stats: dict[str, Any] = {k: v.as_dict() for k, v in ctx.stats.items()}
         if llm is not None:
             stats["_llm"] = _spent(llm, llm_before)
@@ -204,7 +210,10 @@ def _plan(ctx: BatchContext, run: dict[str, Any], batch_no: int) -> list[Action]
 
 def _run_batch(
     ctx: BatchContext, run: dict[str, Any], batch_no: int, actions: list[Action]
-) -> dict[str, int]:
+) -> tuple[dict[str, int], set[UUID]]:
+    """Record (a dry run) or apply the batch's actions; its counts, and the rows the executor
+    locked and found unchanged since the plan read them."""
+    unchanged: set[UUID] = set()
     if ctx.dry_run:
         audit.record(ctx.conn, run["id"], batch_no, actions, outcome="planned")
         applied, drifted = actions, []
@@ -212,6 +221,10 @@ def _run_batch(
         outcome = execute(ctx.conn, actions, now=ctx.now, run_id=run["id"])
         audit.record_outcome(ctx.conn, run["id"], batch_no, outcome)
         applied, drifted = outcome.applied, outcome.drifted
+        unchanged = {  # (an xmin moves with any update, an erasure's too)
+            a.memory_id for a in applied if a.row_version is not None and not a.content_versioned
+        }
+        unchanged -= {a.memory_id for a in drifted}  # (another action on the row drifted)
         for action in drifted:
             ctx.job_stats(action.job).drifted += 1
         _after_apply(ctx, run, applied)
@@ -220,7 +233,7 @@ def _run_batch(
     _refresh(
         ctx, [j for j in run["jobs"] if j not in refreshed_later], {a.user_id for a in applied}
     )
-    return {"actions": len(applied), "drifted": len(drifted)}
+    return {"actions": len(applied), "drifted": len(drifted)}, unchanged
 
 
 def plan_batch(ctx: BatchContext, job_names: Sequence[str]) -> list[Action]:
