@@ -10,6 +10,7 @@ from datetime import datetime
 from gc_worker.config import ahead_of_clock
 from gc_worker.render_facts import Report, _is_dry_run, _is_restore
 from gc_worker.render_text import _text
+from gc_worker.run_record import CANCELLED
 
 Banner = tuple[str, str, str]  # (kind: "dry" | "applied" | "incomplete", headline, next)
 
@@ -72,6 +73,8 @@ def _dry_run_banner(report: Report) -> Banner:
         return "dry", nothing, f"Its plan was applied by run {report.get('applied_by')}."
     if status == "rejected":
         return "dry", "Dry run — rejected.", "Its plan will never be applied."
+    if report.get("error") == CANCELLED:  # `apply` refuses it, even with nothing pending
+        return "dry", "Dry run — cancelled.", "An operator cancelled it: its plan is never applied."
     only_batches_failed = (
         status == "failed" and bool(report.get("failed_batches")) and not _pending(report)
     )
@@ -109,15 +112,20 @@ def _erasure_banner(report: Report) -> Banner:
 
 
 def _incomplete_banner(report: Report) -> Banner:
-    """A run that stopped or failed: what it applied stays; how to undo it, how to finish it
-    (an apply of a plan: `apply PLAN`, unless the plan is too old by now), which batches failed."""
+    """A run that stopped or failed: what it applied stays; how to undo it (a stopped one, left
+    running: cancelled first, or `restore` refuses it), how to finish it (an apply of a plan:
+    `apply PLAN`, unless the plan is too old by now), which batches failed (their errors are
+    store text, shown escaped in the header, never here as banner text)."""
     run_id, status = _text(report.get("run_id")), report.get("status")
     plan = report.get("plan_run_id")
     finish = f"; `memory-gc apply {plan}` finishes it" if plan and _pending(report) else ""
     if finish and (too_old := _too_old(report)):
         finish = f". {too_old} A new plan (`memory-gc run --dry-run`) does the rest"
+    restore = f"`memory-gc restore --run {run_id}`"
+    if status == "stopped":
+        restore = f"`memory-gc cancel {run_id}`, then {restore},"
     undo = (
-        f"`memory-gc restore --run {run_id}` undoes it{finish}."
+        f"{restore} undoes it{finish}."
         if report.get("restorable", 1)
         else f"nothing of it is left to undo{finish}."
     )
@@ -125,7 +133,7 @@ def _incomplete_banner(report: Report) -> Banner:
     users = sum(len(b.get("users", ())) for b in failed)
     given_up = (
         f" {len(failed)} batch(es) failed ({users} users left as they were, taken again by "
-        f"the next run): {_text(report.get('error'))}."
+        "the next run): the error is shown below."
         if failed
         else ""
     )

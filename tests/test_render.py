@@ -11,6 +11,7 @@ import pytest
 
 from gc_worker import render, render_banner
 from gc_worker.render_html import render_html
+from gc_worker.run_record import CANCELLED
 
 RUN_ID = "run-2024-06-01-dry"
 MERGED_ID = "7e1f3c2a-1111-4222-8333-444455556666"
@@ -188,6 +189,12 @@ class TestBanner:
              "incomplete", "Not complete — stopped.", "memory-gc apply p1"),
             ({"mode": "apply", "run_id": "r1", "status": "failed"}, "incomplete", "failed",
              "restore --run r1"),
+            # `restore` refuses a run left running: it is cancelled first
+            ({"mode": "apply", "run_id": "r1", "status": "stopped"}, "incomplete", "stopped",
+             "cancel r1"),
+            # `apply` refuses a cancelled plan, even with nothing pending
+            ({"status": "failed", "pending_batches": 0, "error": CANCELLED,
+              "failed_batches": [{"batch_no": 0, "users": ["u"]}]}, "dry", "cancelled", None),
             ({"mode": "apply", "run_id": "r1", "status": "failed",
               "failed_batches": [{"batch_no": 3, "users": ["u7", "u8"], "error": "E: x"}],
               "error": "1 batch(es) failed, the others were applied: batch 3 (2 users): E: x"},
@@ -347,7 +354,7 @@ class TestRenderHtml:
         """The banner's text beside a command keeps its edge spaces: each piece went through
         `printable`, which strips them, and the page read "…run<code>memory-gc apply …"."""
         assert f"run <code>memory-gc apply {RUN_ID}</code></p>" in render_html(report)
-        report.update(mode="apply", run_id="r1", status="stopped", plan_run_id="p1")
+        report.update(mode="apply", run_id="r1", status="failed", plan_run_id="p1")
         page = render_html(report)
         assert "stays; <code>memory-gc restore --run r1</code> undoes it; <code>" in page
         assert "</code> finishes it.</p>" in page
