@@ -50,6 +50,8 @@ def build_report(
     for row in rows:
         if row.outcome == "drifted":
             drifted.append(_action_entry(row))
+            if run["mode"] == "restore":  # no batch stats: its kept changes count here
+                _count_kept(row, job_rows)
             continue
         restorable += _restorable(row)
         restored += row.outcome == "restored"
@@ -208,6 +210,13 @@ def _count(action: Any, job_rows: dict[str, dict[str, Any]]) -> None:
     row = job_rows.setdefault(action.job, _job_row())
     row["actions"] += 1
     row["by_action"][action.action] = row["by_action"].get(action.action, 0) + 1
+
+
+def _count_kept(action: Any, job_rows: dict[str, dict[str, Any]]) -> None:
+    """A change a restore kept (the reason says why): skipped, as an apply's drifted row is."""
+    row = job_rows.setdefault(action.job, _job_row())
+    row["drifted"] += 1
+    row["skipped"] += 1
 
 
 def _action_entry(row: Any) -> dict[str, Any]:

@@ -210,3 +210,21 @@ class TestEveryKindOfRunAddsUp:
         for run_id in (plan["run_id"], applied, restored, erased):
             consistent(report_of(engine, run_id))
         assert report_of(engine, restored)["kind"] == "restore"
+
+
+class TestRestoreRunCounters:
+    def test_changes_a_restore_kept_are_counted_as_skipped_in_their_job(self, engine, settings):
+        """An apply's drifted rows are counted in their job's `skipped` (and `drifted`); a
+        restore's kept changes (outcome drifted) were counted nowhere: a restore that undid
+        one change of two showed `skipped` 0, and one that undid none showed no job at all."""
+        from gc_worker import restore
+
+        rows = [add(engine, "u1", f"expired {i}", expires_at=days_ago(1)) for i in range(2)]
+        applied = run(engine, settings, jobs=["ttl_expiry"])
+        execute(engine, "UPDATE memories SET status = 'active' WHERE id = :id", id=rows[0])
+        result = restore.restore_run(engine, UUID(applied["run_id"]))
+        report = report_of(engine, result.run_id)
+        assert [d["memory_id"] for d in report["drifted"]] == [str(rows[0])]
+        job = report["jobs"]["ttl_expiry"]
+        assert (job["actions"], job["skipped"], job["drifted"]) == (1, 1, 1)
+        consistent(report)
