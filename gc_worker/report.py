@@ -123,6 +123,8 @@ def _pruned(conn: Connection, run: dict[str, Any], report: dict[str, Any]) -> di
     recorded = run.get("pruned_figures")
     if recorded:
         report.update({key: recorded[key] for key in FIGURES if key in recorded})
+        if not run["jobs"]:  # a restore run's scope: the jobs its (recorded) actions were of
+            report["scope"]["jobs"] = sorted(report["jobs"])
         report["history_pruned"] = {
             "pruned_at": recorded.get("pruned_at"),
             "actions_recorded": report["totals"]["actions"],

@@ -228,3 +228,23 @@ class TestRestoreRunCounters:
         job = report["jobs"]["ttl_expiry"]
         assert (job["actions"], job["skipped"], job["drifted"]) == (1, 1, 1)
         consistent(report)
+
+    def test_a_pruned_restore_run_names_its_jobs_in_its_scope(self, engine, settings):
+        """A restore run stores no jobs: its scope names those its actions were of. Once
+        `prune-history` took its audit rows (its row kept: a review item or a completed
+        erasure request names it), the report showed the recorded job counters under a scope
+        of no jobs at all."""
+        from gc_worker import restore
+
+        add(engine, "u1", "expired", expires_at=days_ago(1))
+        applied = run(engine, settings, jobs=["ttl_expiry"])
+        result = restore.restore_run(engine, UUID(applied["run_id"]))
+        # its row stays, as a review item naming it keeps it (a restored model merge's)
+        execute(engine, "INSERT INTO gc_erasure_requests (kind, user_id, status, run_id)"
+                " VALUES ('user', 'u9', 'completed', :id)", id=result.run_id)  # fmt: skip
+        at = datetime.now(UTC) - RETENTION - timedelta(days=1)
+        execute(engine, "UPDATE gc_runs SET started_at = :t, finished_at = :t", t=at)
+        history.prune(engine, settings, now=datetime.now(UTC))
+        report = report_of(engine, result.run_id)
+        assert report["history_pruned"] and report["jobs"]
+        assert set(report["jobs"]) <= set(report["scope"]["jobs"]), report["scope"]
