@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from gc_worker.config import ahead_of_clock
-from gc_worker.render_facts import Report, _is_dry_run, _is_restore
+from gc_worker.render_facts import Report, _is_dry_run, _is_restore, _total_actions
 from gc_worker.render_text import _text
 from gc_worker.run_record import CANCELLED
 
@@ -164,8 +164,10 @@ def _applied_banner(report: Report) -> Banner:
 
 
 def _nothing_to_undo(report: Report) -> str:
-    """Why a completed run has nothing left to undo: its history was pruned (the audit a
-    restore reads is gone), or what it did is never undone."""
+    """Why a completed run has nothing left to undo: it changed nothing, its history was
+    pruned (the audit a restore reads is gone), or what it did is never undone."""
+    if not _total_actions(report):  # nothing to do, or every row drifted
+        return "It changed nothing, so there is nothing to undo."
     if report.get("history_pruned"):
         return (
             "Its history was pruned (prune-history): the audit a restore would read is gone, "

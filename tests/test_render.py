@@ -321,6 +321,17 @@ class TestRenderMarkdown:
         md = render.render_markdown(report)
         assert "| zed | 99 | obsolete 99 |" in md and "| carol | 3 |" not in md
 
+    def test_an_apply_that_changed_nothing_does_not_blame_purges(self, empty_report) -> None:
+        """An apply with no action (nothing to do, or every row drifted) was said to have done
+        only what cannot be undone: "Nothing it did can be undone (purges and erasures are
+        not)"."""
+        applied = _applied(empty_report)
+        applied.update(restorable=0, restored=0)
+        for drifted in ([], [_action("ttl_expiry", "soft_delete", 1, "u", "ttl_expired")]):
+            applied["drifted"] = drifted
+            _, _, rest = render_banner.banner(applied)
+            assert "purges" not in rest and "changed nothing" in rest, rest
+
     def test_empty_run_says_nothing_to_do(self, empty_report: dict[str, Any]) -> None:
         """A run with zero actions says so and skips the empty sections."""
         md = render.render_markdown(empty_report)
