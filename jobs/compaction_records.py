@@ -7,8 +7,11 @@
                         for exact duplicates, the least trusted one's for a text the model wrote
     importance          the highest (re-assessed, when importance ran earlier in the batch)
     created_at, observed_at, valid_from   the earliest (valid_from null if any member's is)
-    last_accessed_at    the latest; access_count the sum (re-read from the locked members at
-                        apply: sql/execute.sql merged_access)
+    last_accessed_at    the latest use (a member's last_accessed_at, else its created_at: as
+                        usage_prune and user_cap read use), so the record, dated by its earliest
+                        member, is not unused while a member restated since is not;
+                        access_count the sum (both re-read from the locked members at apply:
+                        sql/execute.sql merged_access)
     expires_at          null if any member has none, else the latest
     memory_type, scope, slot   shared by all members, else semantic / null / null
     embedding           the embeddings model's, or the text's own (exact duplicates: copied from
@@ -103,7 +106,6 @@ def merged_record(
 ) -> dict[str, Any]:
     """The memories columns of the record that replaces ``members`` (see module docstring)."""
     importance = importance or {}
-    accessed = [m.last_accessed_at for m in members if m.last_accessed_at is not None]
     assessed = [m.importance_assessed_at for m in members if m.importance_assessed_at]
     if assessed_at is not None and any(m.id in importance for m in members):
         assessed.append(assessed_at)  # scored earlier in this batch: the record is assessed too
@@ -121,7 +123,7 @@ def merged_record(
         "created_at": _iso(min(m.created_at for m in members)),
         "observed_at": _iso(min(m.observed_at for m in members)),
         "valid_from": None if None in starts else _iso(min(starts)),
-        "last_accessed_at": _iso(max(accessed)) if accessed else None,
+        "last_accessed_at": _iso(max(m.last_accessed_at or m.created_at for m in members)),
         # held to an integer column's range (merged_access re-reads it at apply, unclamped
         # where the column is bigint)
         "access_count": min(sum(int(m.access_count) for m in members), 2**31 - 1),

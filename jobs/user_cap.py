@@ -16,8 +16,9 @@ ordinary row has depth 0, a summary or merged record the worker made has
 ``metadata.summary_depth`` / ``merge_depth`` (the larger counts), one the application wrote with
 memory_type ``summary`` counts as depth 1) are folded by the LLM into one
 record — ``create_merged`` (memory_type ``summary``, source ``gc_merge``, importance the highest
-among the folded rows, ``metadata.summary_depth`` one more than theirs, embedding from the
-embeddings port, else the normalised centroid of the folded rows' embeddings, lineage to each)
+among the folded rows, ``last_accessed_at`` their latest use (``last_accessed_at``, else
+``created_at``), ``metadata.summary_depth`` one more than theirs, embedding from the embeddings
+port, else the normalised centroid of the folded rows' embeddings, lineage to each)
 and a ``soft_delete`` per folded row (reason ``over_cap_summarized``, superseded_by the summary),
 all in one group. Taken rows that may not be folded are evicted plainly (``over_cap``,
 ``details.not_folded`` says why): at the depth limit (a summary is itself subject to the cap, it
@@ -191,7 +192,6 @@ def summary_record(
     members = [full[row.id] for row in fold]
     scopes = {m.scope for m in members}
     expiries = [m.expires_at for m in members if m.expires_at is not None]
-    accessed = [m.last_accessed_at for m in members if m.last_accessed_at is not None]
     return {
         "content": text,
         "embedding": embedding,
@@ -201,7 +201,9 @@ def summary_record(
         "importance": max(importance.get(row.id, row.importance) for row in fold),
         "importance_assessed_at": now_iso,
         "confidence": max(m.confidence for m in members),
-        "last_accessed_at": max(accessed).isoformat() if accessed else None,
+        # used as recently as its most recently used row (read, else written: usage_prune's
+        # rule), not since an old read of another while a row written since was never read
+        "last_accessed_at": max(row.last_accessed_at or row.created_at for row in fold).isoformat(),
         # no folded fact outlives its TTL (the rows would otherwise be evicted now)
         "expires_at": min(expiries).isoformat() if expiries else None,
         "metadata": {

@@ -110,14 +110,16 @@ ON CONFLICT DO NOTHING
 
 -- merged_access --
 -- Merged records' access bookkeeping from their members as they are now (locked, not yet
--- retired): the latest use and the sum of uses, as compaction plans them (held to the column's
--- range: an integer column — bigint in an adopted store — overflowing would fail the batch).
+-- retired): the latest use (last_accessed_at, else created_at: a record dated by its earliest
+-- member is used as recently as a member restated since) and the sum of uses, as compaction
+-- plans them (held to the column's range: an integer column — bigint in an adopted store —
+-- overflowing would fail the batch).
 UPDATE memories r
 SET last_accessed_at = s.last_accessed_at,
     access_count = least(s.access_count,
                          CASE WHEN pg_typeof(r.access_count) = 'integer'::regtype
                               THEN 2147483647 ELSE 9223372036854775807 END)
-FROM (SELECT l.derived_id, max(m.last_accessed_at) AS last_accessed_at,
+FROM (SELECT l.derived_id, max(coalesce(m.last_accessed_at, m.created_at)) AS last_accessed_at,
              sum(m.access_count) AS access_count
       FROM memory_lineage l JOIN memories m ON m.id = l.source_id
       WHERE l.derived_id = ANY(:ids)
