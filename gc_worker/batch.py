@@ -2,8 +2,9 @@
 
 Jobs plan in DESIGN.md order against the stored rows; ``BatchContext`` carries what earlier
 jobs of the same batch decided, so later jobs act on the state the plan will produce: rows
-already retired are ``taken``, re-assessed importances are in ``importance``, records created
-by a merge count in ``created``.
+already retired are ``taken``, re-assessed importances are in ``importance`` (a lowered one
+decides from the next run) and ``scored`` (as the rows will hold them: what a merged record or
+summary made of them takes), records created by a merge count in ``created``.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class BatchContext:
     in_transaction: bool = True
     should_stop: Callable[[], bool] | None = None  # asked between users while planning early
     taken: set[UUID] = field(default_factory=set)
-    importance: dict[UUID, int] = field(default_factory=dict)
+    importance: dict[UUID, int] = field(default_factory=dict)  # what this batch decides by
+    scored: dict[UUID, int] = field(default_factory=dict)  # what the rows will hold (record)
     created: Counter[str] = field(default_factory=Counter)
     held: set[UUID] = field(default_factory=set)  # rows of a conflict this batch left open
     # job → users of the batch the run-start scan found work for (gc_worker.triage); a job
@@ -135,6 +137,9 @@ class BatchContext:
                 # next run sees it): one answer cannot retire rows within the hour it was given
                 new, before = action.details["importance"], action.details.get("previous")
                 self.importance[action.memory_id] = max(int(new), int(before or new))
+                # … but a record made of it in this batch holds the score the row will hold:
+                # marked assessed, it is never asked about again
+                self.scored[action.memory_id] = int(new)
             if action.action is Kind.CREATE_MERGED:
                 self.created[action.user_id] += 1
             if action.action is Kind.REVIEW or (

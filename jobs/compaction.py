@@ -317,7 +317,7 @@ def _actions(ctx: BatchContext, outcome: Merge | Action) -> list[Action]:
         content=outcome.content,
         embedding=outcome.embedding or [],
         embedding_source=outcome.embedding_source,
-        importance=ctx.importance,
+        importance=ctx.scored,
         assessed_at=ctx.now,
         model_written=outcome.reason == NEAR,
     )

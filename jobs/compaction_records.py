@@ -5,7 +5,8 @@
     content             the LLM's merged statement, or (exact duplicates) the earliest member's text
     source              gc_merge; ``metadata.trust_source`` = the most trusted member's source
                         for exact duplicates, the least trusted one's for a text the model wrote
-    importance          the highest (re-assessed, when importance ran earlier in the batch)
+    importance          the highest (as importance scored them earlier in the batch, a lowered
+                        score too: the record, marked assessed, is never scored again)
     created_at, observed_at, valid_from   the earliest (valid_from null if any member's is)
     last_accessed_at    the latest use (a member's last_accessed_at, else its created_at: as
                         usage_prune and user_cap read use), so the record, dated by its earliest

@@ -319,7 +319,7 @@ def plan_overflow(
     embedding, source = summary_embedding(ctx, text, overflow.fold, full)
     record = summary_record(
         overflow.fold, full, text=text, embedding=embedding, embedding_source=source,
-        importance=ctx.importance, now_iso=ctx.now.isoformat(),
+        importance=ctx.scored, now_iso=ctx.now.isoformat(),
     )  # fmt: skip
     return summary_actions(overflow, record), None
 

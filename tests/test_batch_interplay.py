@@ -10,6 +10,7 @@ from gc_worker.config import Settings
 from tests.conftest import TEST_DIM
 from tests.store import NOW, acted_on, add, days_ago, get, run, status
 from tests.test_compaction import E0
+from tests.test_importance import scored_by_content
 from tests.test_user_cap_summarize import cap_settings, make_llm, summaries, summary_replies
 
 __all__ = ["make_llm"]  # (a fixture)
@@ -61,3 +62,36 @@ class TestSummaryUse:
         later = run(engine, settings, jobs=["usage_prune"], now=NOW + timedelta(days=15))
         assert str(summary["id"]) not in acted_on(later)
         assert status(engine, summary["id"]) == "active"
+
+
+class TestScoresOfCreatedRecords:
+    LUNCH, LUNCH_AGAIN = "Had pasta for lunch today.", "had pasta for lunch today"
+
+    def test_a_merged_record_takes_the_scores_the_model_gave_its_members(self, engine, make_llm):
+        """Two never-assessed duplicates (default 3) the model scores 1: merged in the same run,
+        the record is importance 1, as its members now are — not 3 and marked assessed, which
+        no later run would ask about again (a lowered score only waits one run to decide)."""
+        settings = cap_settings(100)
+        a = add(engine, "u1", self.LUNCH, created_at=days_ago(30), embedding=E0)
+        add(engine, "u1", self.LUNCH_AGAIN, created_at=days_ago(29), embedding=E0)
+        llm, _ = make_llm(settings, scored_by_content({self.LUNCH: 1, self.LUNCH_AGAIN: 1}))
+        run(engine, settings, jobs=["importance", "compaction"], llm=llm)
+        record = get(engine, get(engine, a)["superseded_by"])
+        assert get(engine, a)["importance"] == 1
+        assert (record["importance"], record["importance_assessed_at"]) == (1, NOW)
+
+    def test_a_summary_takes_the_scores_the_model_gave_the_folded_rows(self, engine, make_llm):
+        """Over the cap, the two rows the model scored 1 (from 3) are folded: the summary is
+        importance 1, not the 3 they held before the run."""
+        settings = cap_settings(2)
+        texts = ["memory a", "memory b", "memory c"]
+        for i, text in enumerate(texts):
+            add(engine, "u1", text, created_at=days_ago(30 - i))
+        llm, _ = make_llm(
+            settings,
+            scored_by_content({"memory a": 1, "memory b": 1, "memory c": 5}),
+            *summary_replies(),
+        )
+        run(engine, settings, jobs=["importance", "user_cap"], llm=llm)
+        [summary] = summaries(engine)
+        assert (summary["importance"], summary["importance_assessed_at"]) == (1, NOW)
