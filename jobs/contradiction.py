@@ -51,6 +51,7 @@ from gc_worker.queries import q
 from jobs.contradiction_rules import (
     DECLARED_CYCLE,
     NAME,
+    SUMMARY_NEWER,
     Pair,
     decide,
     declared_cycles,
@@ -189,6 +190,10 @@ def _judged(pair: Pair, verdict: Any, *, now: datetime) -> Action | None:
             # nothing in the texts differs that could make them conflict (a number, date,
             # name, negation, direction, antonym): the verdict is not acted on unchecked
             return review(pair, "llm_unverified")
+        if getattr(pair.newer, "summary", False):
+            # a summary is as new as its writing, not as the facts it folds (old, low-value
+            # rows over the cap): "newer" would retire a recent row for a stale fact
+            return review(pair, SUMMARY_NEWER)
         return decide(pair, now=now)
     if verdict.verdict == "unsure":
         return review(pair, "llm_unsure")

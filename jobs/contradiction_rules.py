@@ -43,7 +43,9 @@ REVIEW_KIND = "contradiction"
 REASONS = {"declared": "superseded", "slot": "slot_replaced", "similar": "contradicted"}
 NO_NEWER = "no_newer"
 DECLARED_CYCLE = "declared_cycle"
-NO_WINNER = (NO_NEWER, DECLARED_CYCLE)  # review reasons that propose no winner
+# a pair whose newer row is a summary user_cap folded: its time is its writing's, not its facts'
+SUMMARY_NEWER = "summary_newer"
+NO_WINNER = (NO_NEWER, DECLARED_CYCLE, SUMMARY_NEWER)  # review reasons that propose no winner
 
 
 @dataclass(frozen=True)

@@ -338,6 +338,25 @@ class TestContradictionDecisions:
         assert stored["valid_until"] == days_ago(30)
         assert report["llm"]["calls"] == 1
 
+    def test_a_summary_never_retires_a_row_for_being_newer(self, engine, settings, make_llm):
+        """user_cap folds old, low-value rows into a summary written now: it looked like the
+        newest fact, and a `contradicts` verdict retired a recent row for the summary's stale
+        one ("Lives in Berlin", folded from 300 days ago, over "Moved to Paris last month").
+        Such a pair is a review with no proposed winner; nothing changes."""
+        recent = add(engine, "u1", "Moved to Paris last month", created_at=days_ago(20),
+                     valid_from=days_ago(30), embedding=E0)  # fmt: skip
+        summary = add(engine, "u1", "Lives in Berlin; likes rye bread", created_at=days_ago(1),
+                      embedding=at_similarity(0.8), source="gc_merge",
+                      metadata=json.dumps({"summary_depth": 1,
+                                           "trust_source": "explicit_user_statement"}))  # fmt: skip
+        report = run(engine, settings, jobs=["contradiction"],
+                     llm=make_llm(FakeOpenAI(judge=verdict("contradicts"))))  # fmt: skip
+        assert [(a["action"], a["reason"]) for a in report["actions"]] == [
+            ("review", "summary_newer")
+        ]
+        assert "proposed_winner" not in report["actions"][0]["details"]
+        assert status(engine, recent) == status(engine, summary) == "active"
+
     def test_contradicts_from_a_less_trusted_source_is_a_review(self, engine, settings, make_llm):
         """A model inference cannot obsolete a user statement, whatever the verdict."""
         older, _ = seed_move(engine, newer_source="model_inference")

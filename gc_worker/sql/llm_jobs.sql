@@ -25,11 +25,12 @@ ORDER BY m.user_id, m.id
 -- contradiction_candidates --
 -- Active rows of some users with what the contradiction rules read, streamed user by user. The
 -- row version is the content version (gc_worker.actions.CONTENT_VERSIONED). A row whose TTL has
--- passed is off the read path already (ttl_expiry's): it neither wins nor loses.
+-- passed is off the read path already (ttl_expiry's): it neither wins nor loses. `summary`: a
+-- summary user_cap folded (its times are its writing's, not its facts').
 SELECT id, user_id, memory_gc_content_version(m) AS row_version, left(content, 200) AS preview,
        content, CAST(embedding AS real[]) AS embedding, slot, scope, supersedes, pinned, source,
        memory_gc_trust(source, metadata) AS trust, valid_from, valid_until, observed_at,
-       created_at
+       created_at, left(source, 3) = 'gc_' AND metadata ? 'summary_depth' AS summary
 FROM memories m
 WHERE user_id = ANY(:users) AND status = 'active' AND NOT (id = ANY(:taken))
   AND (expires_at IS NULL OR expires_at > :now)
