@@ -335,9 +335,13 @@ class Daemon(DuePlans, Orphans, SweepServing):
         log.error("gc.daemon.unit_failed", unit=unit, error=describe_error(exc))
 
     def _due_slot(self) -> datetime | None:
-        return scheduler.due_slot(
+        """The due fire time in UTC: in the trigger's zone two fire times of the hour that
+        repeats compare equal (Python compares wall times within one zone), and ``nightly``
+        took the second 02:30 of an hourly cron for the slot it had just run."""
+        fire = scheduler.due_slot(
             self.trigger, self.clock(), self.settings.schedule.misfire_grace_seconds
         )
+        return None if fire is None else fire.astimezone(UTC)
 
     def _close_llm(self, llm: Any) -> None:
         if llm is not None:
