@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import jobs.ttl_expiry as ttl
-from gc_worker import scheduler
+from gc_worker import cli, scheduler
 from gc_worker.config import ScheduleSettings
 from gc_worker.daemon import Daemon
 from tests.test_schedule import runs, seed
@@ -41,4 +41,26 @@ class TestTheRepeatedHour:
         assert [(r["slot"], r["status"]) for r in runs(engine)] == [
             (scheduler.slot_key(FIRST), "completed"),
             (scheduler.slot_key(SECOND), "completed"),
+        ]
+
+
+class TestTheSkippedHour:
+    def test_once_due_passes_at_any_offset_run_the_skipped_slot_once(
+        self, engine, cli_env, monkeypatch
+    ):
+        """02:30 does not happen in Berlin on 29 March 2026: the slot is 01:30 UTC (03:30
+        CEST), the same whatever offset `--now` is written in, due up to the end of the grace
+        (the last pass is exactly at it) and run once."""
+        monkeypatch.setenv("MEMORY_GC_SCHEDULE__CRON", "30 2 * * *")
+        monkeypatch.setenv("MEMORY_GC_SCHEDULE__TIMEZONE", "Europe/Berlin")
+        seed(engine, users=1)
+        for at in (
+            "2026-03-29T03:40:00+02:00",
+            "2026-03-29T02:20:00Z",
+            "2026-03-28T21:30:00-05:00",
+        ):
+            assert cli.main(["schedule", "--once-due", "--now", at]) == 0
+        fire = datetime(2026, 3, 29, 1, 30, tzinfo=UTC)
+        assert [(r["slot"], r["now"], r["status"]) for r in runs(engine)] == [
+            (scheduler.slot_key(fire), fire, "completed")
         ]
