@@ -7,8 +7,9 @@ apply due plans, resume orphaned nightly runs). The main thread waits on LISTEN/
 ``poll_seconds`` and serves sweeps.
 
 A firing is not the only chance of a slot: one that failed (the database was unreachable) is
-run by the next upkeep, one skipped because this daemon's previous nightly run was still going
-is run when that run ends; either way within the grace, and once (the slot is unique).
+run by the next upkeep within the grace; one skipped because this daemon's previous nightly run
+(or an orphan it resumed) was still going is run when that run ends, however late (the firing
+came within the grace: dropping it would cost the night); either way once (the slot is unique).
 
 Any number of daemons share one database: a slot's run is created once (unique
 ``gc_runs.slot``) and joined by the others; batches are claimed with session-level advisory
