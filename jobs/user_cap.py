@@ -192,6 +192,9 @@ def summary_record(
     members = [full[row.id] for row in fold]
     scopes = {m.scope for m in members}
     expiries = [m.expires_at for m in members if m.expires_at is not None]
+    # assessed if a folded row's score was (by the application, an earlier run or this batch):
+    # a default no one assessed stays unassessed, for the importance job to score
+    assessed = any(m.importance_assessed_at is not None or m.id in importance for m in members)
     return {
         "content": text,
         "embedding": embedding,
@@ -199,7 +202,7 @@ def summary_record(
         "source": SUMMARY_SOURCE,
         "scope": scopes.pop() if len(scopes) == 1 else None,
         "importance": max(importance.get(row.id, row.importance) for row in fold),
-        "importance_assessed_at": now_iso,
+        "importance_assessed_at": now_iso if assessed else None,
         "confidence": max(m.confidence for m in members),
         # used as recently as its most recently used row (read, else written: usage_prune's
         # rule), not since an old read of another while a row written since was never read
@@ -277,7 +280,11 @@ def summary_embedding(
             return ctx.llm.embed([text])[0], "embeddings_model"
         except LLMError as exc:
             log.warning("user_cap.summary_embedding_failed", error=str(exc))
-    vectors = [json.loads(full[row.id].embedding) for row in fold if full[row.id].embedding]
+    # of the store's size and not zero (jobs.llm_support.embedding_of): an unconstrained
+    # ``vector`` column of an adopted store may hold another model's vectors
+    dim = ctx.settings.embeddings.dim
+    stored = [json.loads(full[row.id].embedding) for row in fold if full[row.id].embedding]
+    vectors = [v for v in stored if len(v) == dim and any(v)]
     if not vectors:
         return None, "none"
     return centroid_embedding(vectors), "centroid"
@@ -373,6 +380,11 @@ def plan_summaries(
     stop: str | None = None
     refusals = Refusals()
     for overflow in overflows:
+        if not all(getattr(full.get(r.id), "user_id", None) == r.user_id for r in overflow.fold):
+            # planned before its transaction each read is its own: a row deleted (or moved to
+            # another user) since the ranking read it changed the premise; the next run decides
+            log.info("user_cap.summary_skipped", user_id=overflow.user_id, reason="rows_changed")
+            continue
         planned, stop = plan_overflow(ctx, overflow, full, stop, refusals)
         actions += planned
     return actions

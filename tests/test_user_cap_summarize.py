@@ -101,8 +101,9 @@ def by_kind(report: dict[str, Any]) -> dict[str, int]:
 
 class TestSummarisedOverflow:
     def test_overflow_is_folded_into_one_summary_with_lineage(self, engine, make_llm) -> None:
-        """Two over a cap of 3: the three least valuable rows become one summary, with lineage."""
-        low, mid1, mid2, high1, high2 = seed(engine, 1, 2, 2, 4, 5)
+        """Two over a cap of 3: the three least valuable rows become one summary, with lineage
+        (their scores assessed: so is the summary's; tests/test_user_cap_edges.py)."""
+        low, mid1, mid2, high1, high2 = seed(engine, 1, 2, 2, 4, 5, importance_assessed_at=NOW)
         settings = cap_settings(3)
         llm, server = make_llm(settings, *summary_replies())
         report = run(engine, settings, jobs=["user_cap"], llm=llm)

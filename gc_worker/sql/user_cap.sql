@@ -60,8 +60,8 @@ ORDER BY user_id, id
 
 -- user_cap_fold_rows --
 -- Full content, embedding (as text) and the columns a summary inherits, of the rows to fold.
-SELECT id, content, embedding::text AS embedding, scope, confidence, last_accessed_at,
-       expires_at, memory_gc_trust(source, metadata) AS trust
+SELECT id, user_id, content, embedding::text AS embedding, scope, confidence, last_accessed_at,
+       expires_at, importance_assessed_at, memory_gc_trust(source, metadata) AS trust
 FROM memories
 WHERE id = ANY(:ids)
 ORDER BY id
