@@ -3,14 +3,24 @@ rows gone between the reads of one plan, and embeddings the summary cannot avera
 
 from __future__ import annotations
 
+from datetime import timedelta
 from types import SimpleNamespace
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import jobs.user_cap as user_cap
 from gc_worker.batch import BatchContext
 from gc_worker.queries import q
+from gc_worker.restore import restore_run
 from tests.store import NOW, execute, get, run
-from tests.test_user_cap_summarize import cap_settings, make_llm, seed, summaries, summary_replies
+from tests.test_importance import scored_by_content
+from tests.test_user_cap_summarize import (
+    SUMMARY,
+    cap_settings,
+    make_llm,
+    seed,
+    summaries,
+    summary_replies,
+)
 
 __all__ = ["make_llm"]  # (a fixture)
 
@@ -27,6 +37,22 @@ class TestSummaryAssessment:
         run(engine, settings, jobs=["user_cap"], llm=llm)
         [summary] = summaries(engine)
         assert (summary["importance"], summary["importance_assessed_at"]) == (3, None)
+
+    def test_the_next_run_scores_it_and_the_fold_still_restores(self, engine, make_llm):
+        """The next run's importance job scores the unassessed summary; that score (the
+        worker's own) does not keep ``restore --run`` of the fold from undoing it."""
+        rows = seed(engine, 3, 3, 5)
+        settings = cap_settings(2)
+        llm, _ = make_llm(
+            settings, *summary_replies(), scored_by_content({SUMMARY: 2, "memory c": 5})
+        )
+        fold = run(engine, settings, jobs=["user_cap"], llm=llm)
+        [summary] = summaries(engine)
+        run(engine, settings, jobs=["importance"], llm=llm, now=NOW + timedelta(days=1))
+        assert get(engine, summary["id"])["importance"] == 2
+        restore_run(engine, UUID(fold["run_id"]), now=NOW + timedelta(days=2))
+        assert [get(engine, m)["status"] for m in rows] == ["active"] * 3
+        assert get(engine, summary["id"])["status"] == "deleted"
 
     def test_a_summary_of_an_assessed_row_is_assessed(self, engine, make_llm):
         """Just inside: one folded row was assessed (by the application), so the summary is."""
