@@ -16,9 +16,10 @@ ordinary row has depth 0, a summary or merged record the worker made has
 ``metadata.summary_depth`` / ``merge_depth`` (the larger counts), one the application wrote with
 memory_type ``summary`` counts as depth 1) are folded by the LLM into one
 record — ``create_merged`` (memory_type ``summary``, source ``gc_merge``, importance the highest
-among the folded rows, ``last_accessed_at`` their latest use (``last_accessed_at``, else
-``created_at``), ``metadata.summary_depth`` one more than theirs, embedding from the embeddings
-port, else the normalised centroid of the folded rows' embeddings, lineage to each)
+among the folded rows (assessed if one of theirs was), ``last_accessed_at`` their latest use
+(``last_accessed_at``, else ``created_at``), ``metadata.summary_depth`` one more than theirs,
+embedding from the embeddings port, else the normalised centroid of the folded rows' non-zero
+embeddings of ``embeddings.dim``, lineage to each)
 and a ``soft_delete`` per folded row (reason ``over_cap_summarized``, superseded_by the summary),
 all in one group. Taken rows that may not be folded are evicted plainly (``over_cap``,
 ``details.not_folded`` says why): at the depth limit (a summary is itself subject to the cap, it
@@ -192,7 +193,6 @@ def summary_record(
     members = [full[row.id] for row in fold]
     scopes = {m.scope for m in members}
     expiries = [m.expires_at for m in members if m.expires_at is not None]
-    # assessed if a folded row's score was (by the application, an earlier run or this batch):
     # a default no one assessed stays unassessed, for the importance job to score
     assessed = any(m.importance_assessed_at is not None or m.id in importance for m in members)
     return {
@@ -280,8 +280,7 @@ def summary_embedding(
             return ctx.llm.embed([text])[0], "embeddings_model"
         except LLMError as exc:
             log.warning("user_cap.summary_embedding_failed", error=str(exc))
-    # of the store's size and not zero (jobs.llm_support.embedding_of): an unconstrained
-    # ``vector`` column of an adopted store may hold another model's vectors
+    # an adopted store's unconstrained ``vector`` column may hold another model's vectors
     dim = ctx.settings.embeddings.dim
     stored = [json.loads(full[row.id].embedding) for row in fold if full[row.id].embedding]
     vectors = [v for v in stored if len(v) == dim and any(v)]
