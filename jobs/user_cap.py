@@ -42,14 +42,14 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import structlog
 
-from gc_worker.actions import Action, Kind, soft_delete
+from gc_worker.actions import Action, soft_delete
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
 from gc_worker.llm import (
@@ -60,16 +60,17 @@ from gc_worker.llm import (
     centroid_embedding,
 )
 from gc_worker.queries import q
-from jobs.compaction_records import MERGED_SOURCE, TRUST_SOURCES
 from jobs.importance import BUDGET, INVALID, UNAVAILABLE
 from jobs.llm_support import Refusals, deferred
 from jobs.text_facts import unsupported_reason
-
-NAME = "user_cap"
-REASON = "over_cap"
-SUMMARIZED = "over_cap_summarized"
-SUMMARY_TYPE = "summary"
-SUMMARY_SOURCE = "gc_merge"
+from jobs.user_cap_records import (
+    NAME,
+    REASON,
+    Overflow,
+    summary_actions,
+    summary_depth,
+    summary_record,
+)
 
 log = structlog.get_logger("memory_gc")
 
@@ -123,17 +124,6 @@ def plan_user_cap(
     return actions
 
 
-def summary_depth(row: Any) -> int:
-    """How many summarisations or merges deep a row is (0 for an ordinary memory): a merged
-    record already stands for several rows, and folding it would summarise a merge."""
-    metadata = row.metadata if isinstance(row.metadata, dict) else {}
-    values = [metadata.get(key) for key in ("summary_depth", "merge_depth")]
-    depths = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
-    if depths:
-        return max(depths)
-    return 1 if row.memory_type == SUMMARY_TYPE or row.source == MERGED_SOURCE else 0
-
-
 def fold_blocker(row: Any, max_depth: int) -> str | None:
     """Why a taken row is evicted plainly instead of folded, or None: at the depth limit, or a
     row an open-ended summary without slot or declaration cannot carry as the read path shows
@@ -141,19 +131,6 @@ def fold_blocker(row: Any, max_depth: int) -> str | None:
     if summary_depth(row) >= max_depth:
         return "summary_depth"
     return getattr(row, "unfoldable", None)
-
-
-@dataclass(frozen=True)
-class Overflow:
-    """One over-cap user's plan: rows to fold into a summary, rows to evict plainly (with why
-    each is not folded)."""
-
-    user_id: str
-    excess: int
-    fold: tuple[Any, ...]
-    evict: tuple[Any, ...]
-    plain: tuple[Any, ...]  # what plain eviction takes (the fallback)
-    not_folded: tuple[str, ...] = ()  # aligned with evict, when there is a fold
 
 
 def split_overflow(
@@ -177,75 +154,6 @@ def split_overflow(
     blocked = [(row, why) for row, why in taken if why is not None]
     evict = tuple(row for row, _ in blocked)
     return Overflow(user_id, excess, fold, evict, plain, tuple(why for _, why in blocked))
-
-
-def summary_record(
-    fold: Sequence[Any],
-    full: Mapping[UUID, Any],
-    *,
-    text: str,
-    embedding: list[float] | None,
-    embedding_source: str,
-    importance: Mapping,
-    now_iso: str,
-) -> dict[str, Any]:
-    """The memories columns of the summary of ``fold`` (``full`` = their complete rows)."""
-    members = [full[row.id] for row in fold]
-    scopes = {m.scope for m in members}
-    expiries = [m.expires_at for m in members if m.expires_at is not None]
-    # a default no one assessed stays unassessed, for the importance job to score
-    assessed = any(m.importance_assessed_at is not None or m.id in importance for m in members)
-    return {
-        "content": text,
-        "embedding": embedding,
-        "memory_type": SUMMARY_TYPE,
-        "source": SUMMARY_SOURCE,
-        "scope": scopes.pop() if len(scopes) == 1 else None,
-        "importance": max(importance.get(row.id, row.importance) for row in fold),
-        "importance_assessed_at": now_iso if assessed else None,
-        "confidence": max(m.confidence for m in members),
-        # used as recently as its most recently used row (read, else written: usage_prune's
-        # rule), not since an old read of another while a row written since was never read
-        "last_accessed_at": max(row.last_accessed_at or row.created_at for row in fold).isoformat(),
-        # no folded fact outlives its TTL (the rows would otherwise be evicted now)
-        "expires_at": min(expiries).isoformat() if expiries else None,
-        "metadata": {
-            "summary_depth": max(summary_depth(row) for row in fold) + 1,
-            "summarized_count": len(fold),
-            "embedding_source": embedding_source,
-            # a model wrote it from every folded row: as trusted as the least trusted of them
-            "trust_source": TRUST_SOURCES.get(min(m.trust for m in members), "external"),
-        },
-    }
-
-
-def summary_actions(overflow: Overflow, record: Mapping[str, Any]) -> list[Action]:
-    """create_merged for the summary, then a soft delete per folded row, as one group."""
-    summary_id = uuid4()
-    group = f"summary:{summary_id}"
-    create = Action(
-        job=NAME,
-        action=Kind.CREATE_MERGED,
-        user_id=overflow.user_id,
-        reason=SUMMARIZED,
-        memory_id=summary_id,
-        details={
-            "record": dict(record),
-            "sources": [str(row.id) for row in overflow.fold],
-            "summary_depth": record["metadata"]["summary_depth"],
-        },
-        preview=record["content"][:200],
-        group=group,
-    )
-    folded = [
-        replace(soft_delete(NAME, row, SUMMARIZED, superseded_by=str(summary_id)), group=group)
-        for row in overflow.fold
-    ]
-    kept_out = [
-        soft_delete(NAME, row, REASON, not_folded=why)
-        for row, why in zip(overflow.evict, overflow.not_folded, strict=True)
-    ]
-    return [create, *folded, *kept_out]
 
 
 def evictions(rows: Iterable[Any], **details: Any) -> list[Action]:

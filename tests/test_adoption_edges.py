@@ -117,7 +117,7 @@ def test_the_probe_knows_every_status_change_the_worker_writes():
     import jobs.decay as decay
     import jobs.ttl_expiry as ttl
     import jobs.usage_prune as usage
-    import jobs.user_cap as user_cap
+    import jobs.user_cap_records as user_cap
     from gc_worker.actions import ERASURE_REASONS
     from gc_worker.adoption_probes import STATUS_WRITES
     from gc_worker.read_rule import SUPERSESSION_REASONS
