@@ -151,31 +151,41 @@ def _cluster_labels(sims: np.ndarray, similarity: float) -> np.ndarray:
     return model.fit_predict(distances)
 
 
-def _grow_group(remaining: list[int], sims: np.ndarray, within: np.ndarray, cap: int) -> list[int]:
-    """Greedy clique: seed with the highest mean similarity, add the best compatible member."""
-    block = sims[np.ix_(remaining, remaining)]
-    means = (block.sum(axis=1) - np.diag(block)) / (len(remaining) - 1)
-    group = [remaining[int(np.argmax(means))]]
-    while len(group) < cap:
-        candidates = [c for c in remaining if c not in group and within[c, group].all()]
-        if not candidates:
-            break
-        scores = [sims[c, group].mean() for c in candidates]
-        group.append(candidates[int(np.argmax(scores))])
+def _grow_group(
+    alive: np.ndarray, totals: np.ndarray, sims: np.ndarray, within: np.ndarray, cap: int
+) -> list[int]:
+    """Greedy clique: seed with the highest mean similarity to the other live members, add the
+    most similar compatible member. Vector operations only: O(cap * n) per group."""
+    seed = int(np.argmax(np.where(alive, totals, -np.inf)))
+    group, score = [seed], sims[seed].copy()
+    compatible = alive & within[seed]
+    compatible[seed] = False
+    while len(group) < cap and compatible.any():
+        best = int(np.argmax(np.where(compatible, score, -np.inf)))
+        group.append(best)
+        score += sims[best]
+        compatible &= within[best]
+        compatible[best] = False
     return sorted(group)
 
 
 def _carve(members: list[int], sims: np.ndarray, within: np.ndarray, cap: int) -> list[list[int]]:
-    """Split a cluster into all-pairs-within groups of at most `cap` members."""
+    """Split a cluster into all-pairs-within groups of at most `cap` members. Each member's sum
+    of similarities to the live members is kept up to date as groups leave, so a cluster of n is
+    carved in O(n^2), not O(n^3) (re-reading the whole block for every group)."""
     block = within[np.ix_(members, members)]
     if len(members) <= cap and block.all():
         return [members]
-    groups, remaining = [], list(members)
-    while len(remaining) >= 2:
-        group = _grow_group(remaining, sims, within, cap)
+    local = sims[np.ix_(members, members)]
+    alive = np.ones(len(members), dtype=bool)
+    totals = local.sum(axis=1) - np.diag(local)
+    groups = []
+    while alive.sum() >= 2:
+        group = _grow_group(alive, totals, local, block, cap)
         if len(group) >= 2:
-            groups.append(group)
-        remaining = [m for m in remaining if m not in group]
+            groups.append([members[i] for i in group])
+        alive[group] = False
+        totals -= local[:, group].sum(axis=1)
     return groups
 
 
