@@ -32,8 +32,10 @@ Per group:
   whole group (reason ``near_duplicates``), or "not a duplicate set" → nothing. The merged text
   must state the members' numbers, dates, names (inside a sentence) and negations, and no
   others (``unsupported_facts``): one that adds or drops one is a rejected answer, like a malformed
-  one — nothing changes, ``errors`` + 1. Offline, over budget or with the LLM down → one
-  ``deferred`` action (reason ``llm_unavailable`` / ``llm_budget``, details.memory_ids).
+  one — nothing changes, ``errors`` + 1. Over budget or with the LLM down → one ``deferred``
+  action (reason ``llm_unavailable`` / ``llm_budget``, details.memory_ids); offline (no model
+  configured, none will ever be asked) the group's exact duplicates merge and the rest, two or
+  more, is deferred (``offline_outcomes``).
 
 Merged texts are embedded in one embeddings call per batch (cached by text, so a re-run makes no
 call); if that fails the record gets the normalised centroid of its members
@@ -68,6 +70,7 @@ from jobs.compaction_records import (
     merged_record,
 )
 from jobs.llm_support import (
+    LLM_UNAVAILABLE,
     Deferral,
     ModelGate,
     deferred,
@@ -192,24 +195,24 @@ def min_similarity(members: Sequence[Any]) -> float:
     return round(float((unit @ unit.T).min()), 4)
 
 
-def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> Merge | Action | None:
-    """A merge, a deferral, or nothing for one candidate group."""
+def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> list[Merge | Action]:
+    """The merges and deferrals for one candidate group (none: the model found no duplicates)."""
     score = min_similarity(members)
     consistent = fact_consistent(members)
     if len(consistent) < 2:
         # the members differ in a fact (a number, date, negation…): not a duplicate set,
         # whatever a model would say — such pairs are the contradiction job's to judge
         ids, preview = [m.id for m in members], first_preview(members)
-        return deferred(NAME, user_id, ids, NEAR_MISS, preview=preview, similarity=score,
-                        near_misses=near_misses(members))  # fmt: skip
+        return [deferred(NAME, user_id, ids, NEAR_MISS, preview=preview, similarity=score,
+                         near_misses=near_misses(members))]  # fmt: skip
     # members that differ in a fact from an earlier one stay out; the rest may still merge
     members = consistent
+    if exact_duplicates(members):
+        return [exact_merge(user_id, members)]
+    if gate.offline:
+        return offline_outcomes(user_id, members)
     score = min_similarity(members)
     ids, preview = [m.id for m in members], first_preview(members)
-    if exact_duplicates(members):
-        keep = earliest(members)
-        merge = Merge(user_id, members, keep.content, EXACT, score, list(keep.embedding), "copied")
-        return merge
     answer = gate.ask(
         lambda llm: llm.merge_group(
             user_id,
@@ -220,10 +223,33 @@ def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> Merge | Act
         size=len(members),
     )
     if isinstance(answer, Deferral):
-        return deferred(NAME, user_id, ids, answer.reason, preview=preview, similarity=score)
+        return [deferred(NAME, user_id, ids, answer.reason, preview=preview, similarity=score)]
     if answer is None or not answer.is_duplicate_set:
-        return None
-    return Merge(user_id, members, answer.merged_text, NEAR, score)
+        return []
+    return [Merge(user_id, members, answer.merged_text, NEAR, score)]
+
+
+def exact_merge(user_id: str, members: Sequence[Any]) -> Merge:
+    """Exact duplicates: the earliest member's text, its embedding copied."""
+    keep = earliest(members)
+    score = min_similarity(members)
+    return Merge(user_id, list(members), keep.content, EXACT, score, list(keep.embedding), "copied")
+
+
+def offline_outcomes(user_id: str, members: Sequence[Any]) -> list[Merge | Action]:
+    """With no model configured none will ever be asked: the exact duplicates among the members
+    merge (an exact rule needs no model), the others, two or more, are one deferred group."""
+    same: dict[str, list[Any]] = defaultdict(list)
+    for member in members:
+        same[normalise_text(member.content)].append(member)
+    merges = [exact_merge(user_id, rows) for rows in same.values() if len(rows) >= 2]
+    rest = [m for m in members if len(same[normalise_text(m.content)]) < 2]
+    if len(rest) < 2:
+        return list(merges)
+    ids, score = [m.id for m in rest], min_similarity(rest)
+    waiting = deferred(NAME, user_id, ids, LLM_UNAVAILABLE, preview=first_preview(rest),
+                       similarity=score)  # fmt: skip
+    return [*merges, waiting]
 
 
 def fact_consistent(members: Sequence[Any]) -> list[Any]:
@@ -372,9 +398,7 @@ def plan(ctx: BatchContext) -> list[Action]:
             members = kept_apart(group, dismissed.get(user_id, {}))
             if len(members) < 2:
                 continue
-            outcome = plan_group(user_id, members, gate)
-            if outcome is not None:
-                outcomes.append(outcome)
+            outcomes += plan_group(user_id, members, gate)
     embed_merges(ctx, gate, [o for o in outcomes if isinstance(o, Merge)])
     return [action for outcome in outcomes for action in _actions(ctx, outcome)]
 

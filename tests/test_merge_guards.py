@@ -142,3 +142,17 @@ def test_one_stem_stands_for_another_from_five_letters(short, long, same):
     from jobs.text_words import same_word as _same_word
 
     assert _same_word(short, long) is same and _same_word(long, short) is same
+
+
+def test_exact_duplicates_inside_a_paraphrase_group_merge_offline(engine, settings):
+    """Offline, exact duplicates that share a group with a paraphrase still merge (an exact
+    rule needs no model); the paraphrase is left as it is. Found by a review: the whole group
+    was deferred, so with no model configured the duplicates never merged, night after night."""
+    a = add(engine, "u1", "Likes jazz", created_at=days_ago(30), embedding=E0)
+    b = add(engine, "u1", "likes jazz.", created_at=days_ago(3), embedding=E0)
+    c = add(engine, "u1", "Really likes jazz music", embedding=at_similarity(0.95))
+    report = run(engine, settings, jobs=["compaction"], llm=None)
+    assert status(engine, a) == status(engine, b) == "merged"
+    assert status(engine, c) == "active"
+    created = [x for x in report["actions"] if x["action"] == "create_merged"]
+    assert [x["reason"] for x in created] == ["exact_duplicates"]
