@@ -29,10 +29,11 @@ Per group:
 - exact duplicates (same normalised text) merge deterministically, online or offline: the
   earliest member's text, its embedding copied (reason ``exact_duplicates``);
 - otherwise the LLM is asked once (cached on the exact inputs): one merged statement for the
-  whole group (reason ``near_duplicates``), or "not a duplicate set" → nothing. The merged text
+  whole group (reason ``near_duplicates``), or "not a duplicate set" → only the group's exact
+  duplicates merge (as they do when the answer is rejected). The merged text
   must state the members' numbers, dates, names (inside a sentence) and negations, and no
   others (``unsupported_facts``): one that adds or drops one is a rejected answer, like a malformed
-  one — nothing changes, ``errors`` + 1. Over budget or with the LLM down → one ``deferred``
+  one — its text is not used, ``errors`` + 1. Over budget or with the LLM down → one ``deferred``
   action (reason ``llm_unavailable`` / ``llm_budget``, details.memory_ids); offline (no model
   configured, none will ever be asked) the group's exact duplicates merge and the rest, two or
   more, is deferred (``offline_outcomes``).
@@ -225,7 +226,8 @@ def plan_group(user_id: str, members: list[Any], gate: ModelGate) -> list[Merge 
     if isinstance(answer, Deferral):
         return [deferred(NAME, user_id, ids, answer.reason, preview=preview, similarity=score)]
     if answer is None or not answer.is_duplicate_set:
-        return []
+        # the group is not one fact (or the answer was rejected): its exact duplicates still are
+        return list(exact_sets(user_id, members)[0])
     return [Merge(user_id, members, answer.merged_text, NEAR, score)]
 
 
@@ -236,14 +238,20 @@ def exact_merge(user_id: str, members: Sequence[Any]) -> Merge:
     return Merge(user_id, list(members), keep.content, EXACT, score, list(keep.embedding), "copied")
 
 
-def offline_outcomes(user_id: str, members: Sequence[Any]) -> list[Merge | Action]:
-    """With no model configured none will ever be asked: the exact duplicates among the members
-    merge (an exact rule needs no model), the others, two or more, are one deferred group."""
+def exact_sets(user_id: str, members: Sequence[Any]) -> tuple[list[Merge], list[Any]]:
+    """A merge per set of members with one normalised text (an exact rule needs no model), and
+    the members in none."""
     same: dict[str, list[Any]] = defaultdict(list)
     for member in members:
         same[normalise_text(member.content)].append(member)
     merges = [exact_merge(user_id, rows) for rows in same.values() if len(rows) >= 2]
-    rest = [m for m in members if len(same[normalise_text(m.content)]) < 2]
+    return merges, [m for m in members if len(same[normalise_text(m.content)]) < 2]
+
+
+def offline_outcomes(user_id: str, members: Sequence[Any]) -> list[Merge | Action]:
+    """With no model configured none will ever be asked: the exact duplicates among the members
+    merge, the others, two or more, are one deferred group."""
+    merges, rest = exact_sets(user_id, members)
     if len(rest) < 2:
         return list(merges)
     ids, score = [m.id for m in rest], min_similarity(rest)

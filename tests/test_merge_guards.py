@@ -12,6 +12,7 @@ jobs:
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -152,6 +153,25 @@ def test_exact_duplicates_inside_a_paraphrase_group_merge_offline(engine, settin
     b = add(engine, "u1", "likes jazz.", created_at=days_ago(3), embedding=E0)
     c = add(engine, "u1", "Really likes jazz music", embedding=at_similarity(0.95))
     report = run(engine, settings, jobs=["compaction"], llm=None)
+    assert status(engine, a) == status(engine, b) == "merged"
+    assert status(engine, c) == "active"
+    created = [x for x in report["actions"] if x["action"] == "create_merged"]
+    assert [x["reason"] for x in created] == ["exact_duplicates"]
+
+
+def not_a_duplicate_set(kind: str, payload: Any) -> Any:
+    assert kind == "MergeAnswer"
+    return {"is_duplicate_set": False, "member_ids": [], "merged_text": "", "reason": "differ"}
+
+
+def test_exact_duplicates_merge_when_the_model_declines_their_group(engine, settings, make_llm):
+    """The model answering "not a duplicate set" for a group holding exact duplicates and a
+    paraphrase leaves the paraphrase, not the exact duplicates: they merge by the exact rule.
+    Found by a review: the answer, cached, kept them unmerged night after night."""
+    a = add(engine, "u1", "Likes jazz", created_at=days_ago(30), embedding=E0)
+    b = add(engine, "u1", "likes jazz.", created_at=days_ago(3), embedding=E0)
+    c = add(engine, "u1", "Really likes jazz music", embedding=at_similarity(0.95))
+    report = run(engine, settings, jobs=["compaction"], llm=make_llm(Model(not_a_duplicate_set)))
     assert status(engine, a) == status(engine, b) == "merged"
     assert status(engine, c) == "active"
     created = [x for x in report["actions"] if x["action"] == "create_merged"]
