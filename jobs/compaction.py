@@ -40,13 +40,13 @@ Per group:
 
 Merged texts are embedded in one embeddings call per batch (cached by text, so a re-run makes no
 call); if that fails the record gets the normalised centroid of its members
-(``metadata.embedding_source``). The merged record is described in jobs.compaction_records.
+(``metadata.embedding_source``; jobs.compaction_embed). The merged record is described in
+jobs.compaction_records.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -58,11 +58,10 @@ import numpy as np
 from gc_worker.actions import Action
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
-from gc_worker.llm import decision_key
 from gc_worker.queries import q
+from jobs.compaction_embed import EMBED_KIND, EMBED_VERSION, embed_merges
 from jobs.compaction_records import (
     NAME,
-    centroid_of,
     cohesive,
     earliest,
     merge_actions,
@@ -82,7 +81,7 @@ from jobs.llm_support import (
 from jobs.similarity import complete_linkage_groups, normalise_text
 from jobs.text_facts import near_miss_reasons, unsupported_reason
 
-__all__ = ["NAME", "exact_duplicates", "find_groups", "plan"]
+__all__ = ["EMBED_KIND", "EMBED_VERSION", "NAME", "exact_duplicates", "find_groups", "plan"]
 
 EXACT = "exact_duplicates"
 NEAR = "near_duplicates"
@@ -90,8 +89,6 @@ NEAR_MISS = "near_miss"
 # near-miss reasons that state a different fact; a differing name is often a rephrased first
 # word ("Likes" / "Enjoys"), so the model is asked and its merged text checked for names
 FACT_REASONS = frozenset({"number", "date", "negation", "direction", "antonym"})
-EMBED_KIND = "embedding"
-EMBED_VERSION = "embed.v1"
 
 
 @dataclass
@@ -278,69 +275,6 @@ def unsupported_merge(answer: Any, members: Sequence[Any]) -> str | None:
     if not answer.is_duplicate_set:
         return None
     return unsupported_reason(answer.merged_text, [m.content for m in members], "merged text")
-
-
-def embed_merges(ctx: BatchContext, gate: ModelGate, merges: Sequence[Merge]) -> None:
-    """Give every LLM merge an embedding: cached, one embeddings call, or the centroid."""
-    need = [m for m in merges if m.embedding is None]
-    if not need:
-        return
-    keys = {}
-    dim = ctx.settings.embeddings.dim
-    if not gate.offline:
-        # keyed by the size too: a vector cached before `[embeddings] dim` changed is not one
-        # the store can hold (and a stale entry is never trusted: _usable_cached)
-        model, version = gate.llm.options.embedding_model, f"{EMBED_VERSION}:{dim}"
-        keys = {id(m): decision_key(EMBED_KIND, model, version, m.user_id, m.content) for m in need}
-        for merge in need:
-            cached = ctx.conn.execute(q("llm_cache_get"), {"key": keys[id(merge)]}).scalar()
-            vector = _usable_cached(cached, dim)
-            if vector is not None:
-                merge.embedding = vector
-                gate.llm.budget.count("cache_hits")
-    missing = [m for m in need if m.embedding is None]
-    # `[embeddings] model = ""`: no embeddings model is configured, the centroid is the answer
-    modelled = not gate.offline and bool(gate.llm.options.embedding_model)
-    vectors = _embed(gate, missing) if missing and modelled else None
-    for index, merge in enumerate(missing):
-        if vectors is None:
-            merge.embedding = centroid_of([m.embedding for m in merge.members])
-            merge.embedding_source = "centroid"
-            continue
-        merge.embedding = vectors[index]
-        _cache_embedding(ctx, keys[id(merge)], merge)
-
-
-def _usable_cached(value: Any, dim: int) -> list[float] | None:
-    """A cached embedding the store can hold (``dim`` finite numbers, not all zero), or None."""
-    vector = value.get("embedding") if isinstance(value, dict) else None
-    if not isinstance(vector, list) or len(vector) != dim:
-        return None
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in vector):
-        return None
-    array = np.asarray(vector, dtype=np.float64)
-    usable = np.isfinite(array).all() and np.any(array) and np.abs(array).max() < 3.4e38
-    return [float(x) for x in vector] if usable else None
-
-
-def _embed(gate: ModelGate, merges: Sequence[Merge]) -> list[list[float]] | None:
-    answer = gate.ask(
-        lambda llm: llm.embed([m.content for m in merges]),
-        user_id=merges[0].user_id,
-        size=len(merges),
-    )
-    return None if answer is None or isinstance(answer, Deferral) else answer
-
-
-def _cache_embedding(ctx: BatchContext, key: str, merge: Merge) -> None:
-    params = {
-        "key": key,
-        "kind": EMBED_KIND,
-        "user_id": merge.user_id,
-        "memory_ids": [str(m.id) for m in merge.members],
-        "value": json.dumps({"embedding": merge.embedding}),
-    }
-    ctx.conn.execute(q("llm_cache_put"), params)
 
 
 def _actions(ctx: BatchContext, outcome: Merge | Action) -> list[Action]:
