@@ -54,6 +54,7 @@ from datetime import UTC
 from typing import Any
 
 import numpy as np
+import structlog
 
 from gc_worker.actions import Action
 from gc_worker.batch import BatchContext
@@ -81,6 +82,8 @@ from jobs.llm_support import (
 from jobs.similarity import complete_linkage_groups, normalise_text
 from jobs.text_facts import near_miss_reasons, unsupported_reason
 
+log = structlog.get_logger("memory_gc")
+
 __all__ = ["EMBED_KIND", "EMBED_VERSION", "NAME", "exact_duplicates", "find_groups", "plan"]
 
 EXACT = "exact_duplicates"
@@ -102,6 +105,13 @@ class Merge:
     similarity: float
     embedding: list[float] | None = None
     embedding_source: str = "model"
+
+
+# Rows of one partition (user, slot, scope, type, trust) grouped in one run, the newest: the
+# similarity matrices grow with its rows squared (5,000 rows: 1.2 GB; 20,000 would need
+# 15 GB, and the worker killed at every night's batch left the user uncapped too). Its older
+# rows wait, counted in `skipped`; user_cap (after compaction) keeps most users far below.
+MAX_CLUSTER_ROWS = 3_000
 
 
 def find_groups(
@@ -126,6 +136,12 @@ def find_groups(
     groups = []
     for slot in sorted(by_slot):
         indexes = by_slot[slot]
+        if len(indexes) > MAX_CLUSTER_ROWS:  # the newest only: memory grows with rows squared
+            newest = sorted(indexes, key=lambda i: (kept[i].created_at, str(kept[i].id)))
+            indexes = newest[-MAX_CLUSTER_ROWS:]
+            skipped += len(newest) - MAX_CLUSTER_ROWS
+            log.warning("compaction.partition_capped", user_id=kept[indexes[0]].user_id,
+                        rows=len(newest), grouped=MAX_CLUSTER_ROWS)  # fmt: skip
         found = complete_linkage_groups(
             [kept[i].id for i in indexes],
             vectors[indexes],

@@ -402,3 +402,30 @@ def test_a_row_whose_metadata_is_not_an_object_is_merged(engine, settings):
     report = run(engine, settings, jobs=["compaction"])
     assert report["totals"]["by_action"].get("create_merged") == 1
     assert status(engine, keep) == status(engine, twin) == "merged"
+
+
+class TestAPartitionTooLargeToGroupAtOnce:
+    """The similarity matrices of one partition grow with its rows squared (5,000 rows: 1.2 GB;
+    20,000 would need 15 GB): a user with that many near-copies killed the worker at every
+    night's batch, and user_cap after compaction never ran for them. Only the newest
+    MAX_CLUSTER_ROWS of a partition are grouped in one run; the rest wait, counted in skipped."""
+
+    def test_only_the_newest_rows_are_grouped_and_the_rest_counted(self, monkeypatch):
+        import jobs.compaction as compaction
+
+        monkeypatch.setattr(compaction, "MAX_CLUSTER_ROWS", 4)
+        rows = [row(f"Likes tea, take {i}", at_similarity(0.99 - i * 1e-4),
+                    created_at=days_ago(10 - i)) for i in range(6)]  # fmt: skip
+        groups, skipped = groups_of(rows)
+        grouped = {member.id for group in groups for member in group}
+        assert grouped and grouped <= {r.id for r in rows[2:]}  # the four newest
+        assert skipped == 2
+
+    def test_a_partition_at_the_limit_is_grouped_whole(self, monkeypatch):
+        import jobs.compaction as compaction
+
+        monkeypatch.setattr(compaction, "MAX_CLUSTER_ROWS", 6)
+        rows = [row(f"Likes tea, take {i}", at_similarity(0.99 - i * 1e-4),
+                    created_at=days_ago(10 - i)) for i in range(6)]  # fmt: skip
+        groups, skipped = groups_of(rows)
+        assert skipped == 0 and {m.id for g in groups for m in g} == {r.id for r in rows}
