@@ -26,19 +26,19 @@ down_revision = "0017"
 branch_labels = None
 depends_on = None
 
-_PREVIOUS_MARKS = """\
-marks AS (  -- each live row, and each declaration naming one (with the declarer's trust, and
-            -- whether the declarer is a temporary override)
-    SELECT l.id, true AS is_row, l.trust, NULL::integer AS by_trust,
-           NULL::boolean AS by_bounded, l AS row
-    FROM live l
-    UNION ALL
+# 0012's declarations, each naming a row with its declarer's trust, become the ones no pair
+# sets aside: a window over each pair, whichever way it is declared, marks the mutual ones.
+_DECLARATIONS = """\
     SELECT s.id, false, NULL, o.trust, o.bounded, NULL
     FROM live o CROSS JOIN LATERAL unnest(o.supersedes) AS s(id)
     WHERE cardinality(o.supersedes) > 0 AND s.id <> o.id
-),"""
-
-MARKS = """\
+"""
+_UNSET_ASIDE = """\
+    SELECT id, false, NULL, by_trust, by_bounded, NULL
+    FROM declared WHERE NOT mutual
+"""
+_MARKS = "marks AS (  -- each live row"
+_DECLARED = """\
 declared AS (  -- each declaration naming a row, and whether the row declares its
                 -- declarer back with the same trust (then both are set aside)
     SELECT s.id, o.trust AS by_trust, o.bounded AS by_bounded,
@@ -47,15 +47,7 @@ declared AS (  -- each declaration naming a row, and whether the row declares it
     WHERE cardinality(o.supersedes) > 0 AND s.id <> o.id
     WINDOW pair AS (PARTITION BY least(s.id, o.id), greatest(s.id, o.id), o.trust)
 ),
-marks AS (  -- each live row, and each declaration naming one (with the declarer's trust, and
-            -- whether the declarer is a temporary override)
-    SELECT l.id, true AS is_row, l.trust, NULL::integer AS by_trust,
-           NULL::boolean AS by_bounded, l AS row
-    FROM live l
-    UNION ALL
-    SELECT id, false, NULL, by_trust, by_bounded, NULL
-    FROM declared WHERE NOT mutual
-),"""
+"""
 
 
 def _migration_0012():
@@ -65,12 +57,11 @@ def _migration_0012():
 def upgrade() -> None:
     previous = _migration_0012()
     text = previous.CURRENT_FUNCTION
-    assert _PREVIOUS_MARKS in text, "0012's read rule is not the one 0018 amends"
+    assert _DECLARATIONS in text and _MARKS in text, "0012's read rule is not the one 0018 amends"
+    text = text.replace(_DECLARATIONS, _UNSET_ASIDE).replace(_MARKS, _DECLARED + _MARKS)
     reasons = load("0005_read_rule.py").SUPERSESSION_REASONS
     op.execute(
-        text.replace(_PREVIOUS_MARKS, MARKS)
-        .replace("{reasons}", reasons)
-        .replace("{closed_reasons}", previous.CLOSED_REASONS)
+        text.replace("{reasons}", reasons).replace("{closed_reasons}", previous.CLOSED_REASONS)
     )
 
 
