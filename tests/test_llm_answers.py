@@ -4,16 +4,12 @@ each is a rejected answer or a used one, never an exception that fails the batch
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
 
 import httpx2
 import pytest
 
-from gc_worker.errors import RunFailed
 from gc_worker.llm import LLMInvalidAnswer
-from tests.store import add, days_ago, get, run, status
-from tests.test_compaction import E0, at_similarity
-from tests.test_llm_guards import Model, merging_to
+from tests.test_llm_guards import Model, batch_stands_with_the_centroid
 from tests.test_llm_port import MakePort, make_port
 
 __all__ = ["make_port"]  # the fixture, imported for this module's tests
@@ -107,16 +103,5 @@ class TestAJobSurvivesAnEmbeddingsPage:
         """The merged record gets its members' centroid (docs/llm-jobs.md: the embeddings call
         failed), and another user's TTL expiry in the same batch is applied — before, the
         page's AttributeError failed the whole batch."""
-        add(engine, "u1", "Likes green tea", created_at=days_ago(9), embedding=E0)
-        add(engine, "u1", "Enjoys drinking green tea", created_at=days_ago(2),
-            embedding=at_similarity(0.95))  # fmt: skip
-        expired = add(engine, "u2", "Temporary note", expires_at=days_ago(1))
-        server = ProxyPageForEmbeddings(merging_to("Enjoys drinking green tea"))
-        try:
-            report = run(engine, settings, jobs=["ttl_expiry", "compaction"],
-                         llm=make_llm(server))  # fmt: skip
-        except RunFailed as exc:
-            pytest.fail(f"an embeddings page failed the batch: {exc}")
-        assert status(engine, expired) == "deleted"
-        [created] = [x for x in report["actions"] if x["action"] == "create_merged"]
-        assert get(engine, UUID(created["memory_id"]))["metadata"]["embedding_source"] == "centroid"
+        batch_stands_with_the_centroid(engine, settings, make_llm, ProxyPageForEmbeddings,
+                                       "an embeddings page")  # fmt: skip

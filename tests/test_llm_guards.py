@@ -92,21 +92,29 @@ class TestABadEmbeddingIsABadAnswer:
         (pgvector refuses NaN): the whole batch — every user and job in it — fails, night
         after night while the server answers so. Here a TTL expiry of another user in the
         same batch is lost with it."""
-        from gc_worker.errors import RunFailed
+        batch_stands_with_the_centroid(engine, settings, make_llm, NaNEmbeddingModel,
+                                       "one NaN embedding")  # fmt: skip
 
-        add(engine, "u1", "Likes green tea", created_at=days_ago(9), embedding=E0)
-        add(engine, "u1", "Enjoys drinking green tea", created_at=days_ago(2),
-            embedding=at_similarity(0.95))  # fmt: skip
-        expired = add(engine, "u2", "Temporary note", expires_at=days_ago(1))
-        server = NaNEmbeddingModel(merging_to("Enjoys drinking green tea"))
-        try:
-            report = run(engine, settings, jobs=["ttl_expiry", "compaction"],
-                         llm=make_llm(server))  # fmt: skip
-        except RunFailed as exc:
-            pytest.fail(f"one NaN embedding failed the batch: {exc}")
-        assert status(engine, expired) == "deleted"
-        [created] = [x for x in report["actions"] if x["action"] == "create_merged"]
-        assert get(engine, UUID(created["memory_id"]))["metadata"]["embedding_source"] == "centroid"
+
+def batch_stands_with_the_centroid(engine, settings, make_llm, model: type, what: str) -> None:
+    """u1's two paraphrases merge while the embeddings endpoint answers with ``model``'s bad
+    answer, and u2's TTL expiry in the same batch: the merged record takes its members'
+    centroid, the expiry is applied (the batch was not failed for ``what``)."""
+    from gc_worker.errors import RunFailed
+
+    add(engine, "u1", "Likes green tea", created_at=days_ago(9), embedding=E0)
+    add(engine, "u1", "Enjoys drinking green tea", created_at=days_ago(2),
+        embedding=at_similarity(0.95))  # fmt: skip
+    expired = add(engine, "u2", "Temporary note", expires_at=days_ago(1))
+    server = model(merging_to("Enjoys drinking green tea"))
+    try:
+        report = run(engine, settings, jobs=["ttl_expiry", "compaction"],
+                     llm=make_llm(server))  # fmt: skip
+    except RunFailed as exc:
+        pytest.fail(f"{what} failed the batch: {exc}")
+    assert status(engine, expired) == "deleted"
+    [created] = [x for x in report["actions"] if x["action"] == "create_merged"]
+    assert get(engine, UUID(created["memory_id"]))["metadata"]["embedding_source"] == "centroid"
 
     def test_user_cap_summary_falls_back_to_the_centroid(self, engine, make_llm):
         """The same in summarize mode: the summary's NaN embedding fails the batch at insert."""
