@@ -12,8 +12,9 @@ only rows still active are refreshed, exactly as the batches would have.
 The pass writes only ``decayed_confidence``, the worker's own column, which no decision reads
 back (decay computes the score itself, and content versions leave the column out). As
 everywhere, a row the application holds is skipped (``SKIP LOCKED``), never waited for; so are
-the users some batch holds at the range's start (their per-user advisory locks: a sweep of one
-user planned meanwhile does not drift on the pass's account). Only the users of the run's done
+the users some batch holds at the range's start (their per-user advisory locks). A sweep of one
+user that takes the user after a range started can still find a row the range rewrote at a new
+version and skip that action as drifted: harmless, its next run does it. Only the users of the run's done
 batches are refreshed, as the batches would have: not a user of a failed batch, nor one the
 run (or the plan it applies) did not take. A pass that stops (a stop request, an interrupt, a
 database error) leaves the rest to the next run, which finds them still due; it does not fail
