@@ -170,6 +170,8 @@ class LLMSettings(Section):
     timeout_seconds: float = Field(30.0, gt=0, le=86_400)
     max_retries: int = Field(3, ge=0, le=10)
     outage_pause_seconds: float = Field(300.0, ge=0, le=86_400)
+    # None (not set): not sent, as some OpenAI-compatible servers refuse the parameter
+    max_completion_tokens: int | None = Field(None, ge=1, le=10**9)
 
     @field_validator("model")
     @classmethod

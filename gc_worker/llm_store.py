@@ -161,5 +161,6 @@ def llm_options(settings: Settings, **connection: Any) -> LLMOptions:
         max_tokens_per_run=settings.llm.max_tokens_per_run,
         max_retries=settings.llm.max_retries,
         outage_pause_seconds=settings.llm.outage_pause_seconds,
+        max_completion_tokens=settings.llm.max_completion_tokens,
         **connection,
     )

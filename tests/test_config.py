@@ -15,11 +15,17 @@ DEFAULT_TOML = Path(__file__).parent.parent / "config" / "default.toml"
 
 class TestDefaults:
     def test_default_toml_matches_built_in_defaults(self):
-        """config/default.toml documents exactly the defaults the code uses, every one."""
-        documented = tomllib.loads(DEFAULT_TOML.read_text())
+        """config/default.toml documents exactly the defaults the code uses, every one; an
+        option unset by default (TOML has no null) as a commented-out line of its section."""
+        text = DEFAULT_TOML.read_text()
+        documented = tomllib.loads(text)
         assert load_settings(DEFAULT_TOML, env={}) == Settings()
         built_in = Settings().model_dump()
-        assert {s: set(v) for s, v in documented.items()} == {
+        unset = {(s, k) for s, v in built_in.items() for k, d in v.items() if d is None}
+        for section, key in unset:
+            body = text.split(f"[{section}]\n", 1)[1].split("\n[", 1)[0]
+            assert f"\n# {key} = " in f"\n{body}", f"{section}.{key} is not documented"
+        assert {s: set(v) | {k for t, k in unset if t == s} for s, v in documented.items()} == {
             s: set(v) for s, v in built_in.items()
         }
 

@@ -10,8 +10,8 @@
 - Errors: ``LLMInvalidAnswer`` (with ``reason``), ``LLMUnavailable``, ``LLMBudgetExhausted``,
   all ``LLMError``; the caller defers the work on any of them.
 
-Log events: ``llm.retry_scheduled``, ``llm.unavailable``, ``llm.answer_rejected``,
-``llm.cache_hit``, ``llm.cache_entry_ignored``.
+Log events: ``llm.retry_scheduled``, ``llm.retry_stopped``, ``llm.unavailable``,
+``llm.answer_rejected``, ``llm.cache_hit``, ``llm.cache_entry_ignored``.
 """
 
 from gc_worker.llm.budget import LLMBudget

@@ -1,10 +1,11 @@
 """The HTTP side of the port: one structured chat call or one embeddings call, with retries.
 
-- ``ModelClient.complete(kind, messages, answer_model, budget)``: reserves a call in the budget,
-  sends ``chat.completions.parse`` with the pydantic answer model as the strict JSON schema,
-  adds ``usage`` to the budget (also for answers that are then rejected) and returns the parsed
-  answer. Malformed JSON, a schema mismatch, a refusal, a truncated or filtered answer →
-  ``LLMInvalidAnswer`` with a reason code.
+- ``ModelClient.complete(kind, messages, answer_model, budget)``: sends
+  ``chat.completions.parse`` with the pydantic answer model as the strict JSON schema (and
+  ``max_completion_tokens`` when configured), adds ``usage`` to the budget (also for answers
+  that are then rejected) and returns the parsed answer. Malformed JSON, a schema mismatch, a
+  refusal, a truncated (``finish_reason`` "length") or filtered answer → ``LLMInvalidAnswer``
+  with a reason code.
 - ``ModelClient.embed(texts, budget)``: ``embeddings.create`` with ``encoding_format="float"``;
   the vectors come back in input order, checked for count and (if configured) dimension. A
   body that is no embeddings answer (a proxy's page, broken JSON) → ``LLMInvalidAnswer``.
@@ -12,6 +13,10 @@
   timeouts and connection errors up to ``max_retries`` times with exponential backoff, jitter and
   ``Retry-After``; anything else (400, 401, 403, 404, …) fails at once. Either way the failure is
   ``LLMUnavailable``. Logs ``llm.retry_scheduled`` and ``llm.unavailable``.
+- Every request sent is one call of the budget, a retry too: each attempt reserves its call
+  first (a retry's before the backoff wait), and the usage a failed attempt's body reports is
+  counted. A retry the budget refuses is not sent: ``LLMBudgetExhausted`` (the decision is
+  deferred), logged as ``llm.retry_stopped``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import pydantic
 import structlog
 
 from gc_worker.llm.budget import LLMBudget
-from gc_worker.llm.errors import LLMInvalidAnswer, LLMUnavailable
+from gc_worker.llm.errors import LLMBudgetExhausted, LLMInvalidAnswer, LLMUnavailable
 from gc_worker.llm.options import LLMOptions
 
 log = structlog.get_logger("gc_worker.llm")
@@ -97,16 +102,16 @@ class ModelClient:
         budget: LLMBudget,
     ) -> AnswerT:
         """One structured-output chat call; the parsed, schema-valid answer."""
-        budget.reserve_call()
         raw = self._with_retries(kind, budget, lambda: self._send_chat(messages, answer_model))
-        budget.record_usage(*_usage(raw))
+        budget.record_usage(*_usage(raw.http_response))
         return _parsed_answer(raw)
 
     def embed(self, texts: Sequence[str], budget: LLMBudget) -> list[list[float]]:
         """Embeddings of ``texts``, in the same order."""
-        budget.reserve_call(embedding=True)
-        raw = self._with_retries("embed", budget, lambda: self._send_embeddings(texts))
-        budget.record_usage(*_usage(raw))
+        raw = self._with_retries(
+            "embed", budget, lambda: self._send_embeddings(texts), embedding=True
+        )
+        budget.record_usage(*_usage(raw.http_response))
         return _checked_vectors(_parsed_body(raw), len(texts), self._options.embedding_dim)
 
     def _send_chat(
@@ -115,6 +120,8 @@ class ModelClient:
         extra: dict[str, Any] = {}
         if self._options.temperature is not None:
             extra["temperature"] = self._options.temperature
+        if self._options.max_completion_tokens is not None:
+            extra["max_completion_tokens"] = self._options.max_completion_tokens
         return self._client.chat.completions.with_raw_response.parse(
             model=self._options.model,
             messages=messages,  # type: ignore[arg-type]
@@ -127,16 +134,39 @@ class ModelClient:
             model=self._options.embedding_model, input=list(texts), encoding_format="float"
         )
 
-    def _with_retries(self, kind: str, budget: LLMBudget, request: Callable[[], T]) -> T:
+    def _with_retries(
+        self, kind: str, budget: LLMBudget, request: Callable[[], T], *, embedding: bool = False
+    ) -> T:
         attempts = self._options.max_retries + 1
+        budget.reserve_call(embedding=embedding)
         for attempt in range(1, attempts + 1):
             try:
                 return request()
             except openai.APIError as exc:
+                if isinstance(exc, openai.APIStatusError):  # a failed attempt may be billed
+                    budget.record_usage(*_usage(exc.response))
                 if attempt == attempts or not is_retryable(exc):
                     raise self._unavailable(kind, attempt, exc, budget) from exc
+                self._reserve_retry(kind, attempt, exc, budget, embedding)
                 self._wait_before_retry(kind, attempt, exc, budget)
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _reserve_retry(
+        self, kind: str, attempt: int, exc: openai.APIError, budget: LLMBudget, embedding: bool
+    ) -> None:
+        """The next attempt's call, taken before waiting for it: a retry is a request sent."""
+        try:
+            budget.reserve_call(embedding=embedding)
+        except LLMBudgetExhausted as spent:
+            log.warning(
+                "llm.retry_stopped",
+                kind=kind,
+                attempts=attempt,
+                status_code=_status_code(exc),
+                error=type(exc).__name__,
+                limit=spent.limit,
+            )
+            raise
 
     def _wait_before_retry(
         self, kind: str, attempt: int, exc: openai.APIError, budget: LLMBudget
@@ -173,11 +203,12 @@ def _status_code(exc: openai.APIError) -> int | None:
     return exc.status_code if isinstance(exc, openai.APIStatusError) else None
 
 
-def _usage(raw: Any) -> tuple[int, int]:
-    """Prompt and completion tokens from the raw body (of a chat or an embeddings call),
-    readable even when parsing fails; 0 for a count the server did not give as a number."""
+def _usage(response: Any) -> tuple[int, int]:
+    """Prompt and completion tokens from an HTTP response's body (a chat or an embeddings
+    answer, or an error a gateway billed), readable even when parsing fails; 0 for a count the
+    server did not give as a number."""
     try:
-        usage = raw.http_response.json().get("usage") or {}
+        usage = response.json().get("usage") or {}
         return _token_count(usage.get("prompt_tokens")), _token_count(
             usage.get("completion_tokens")
         )

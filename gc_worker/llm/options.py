@@ -2,8 +2,9 @@
 
 - ``LLMOptions``: frozen; ``api_key`` and ``base_url`` both absent means offline mode.
   Defaults: model ``gpt-4.1-mini``, embedding model ``text-embedding-3-small``, timeout 30 s,
-  500 calls and unlimited tokens per run, 3 retries, backoff base 0.5 s capped at 30 s, no
-  call for 300 s after one the model did not answer (``llm.outage``).
+  500 calls (each request sent, a retry too) and unlimited tokens per run, 3 retries, backoff
+  base 0.5 s capped at 30 s, no call for 300 s after one the model did not answer
+  (``llm.outage``), no ``max_completion_tokens`` sent (some compatible servers refuse it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class LLMOptions:
     backoff_base_seconds: float = 0.5
     backoff_max_seconds: float = 30.0
     temperature: float | None = None
+    max_completion_tokens: int | None = None  # None: not sent
     outage_pause_seconds: float = 300.0  # after a call not answered: none for this long
 
     def __post_init__(self) -> None:
@@ -40,6 +42,9 @@ class LLMOptions:
         _require(_none_or_at_least(self.max_calls_per_run, 0), "max_calls_per_run must be >= 0")
         _require(_none_or_at_least(self.max_tokens_per_run, 0), "max_tokens_per_run must be >= 0")
         _require(_none_or_at_least(self.embedding_dim, 1), "embedding_dim must be >= 1")
+        _require(
+            _none_or_at_least(self.max_completion_tokens, 1), "max_completion_tokens must be >= 1"
+        )
 
     @property
     def offline(self) -> bool:
