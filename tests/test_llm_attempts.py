@@ -73,6 +73,18 @@ class TestAttemptsAreCalls:
         assert (port.usage()["input_tokens"], port.usage()["output_tokens"]) == (140, 25)
         assert port.budget.tokens == 165
 
+    def test_tokens_billed_for_a_failed_attempt_can_stop_the_retry(
+        self, make_port: MakePort
+    ) -> None:
+        """A failed attempt billed past the token budget is not retried: deferred by budget."""
+        port, server = make_port(
+            billed_error(502, 90, 10), chat_reply(merge_answer()), max_tokens_per_run=100
+        )
+        with pytest.raises(LLMBudgetExhausted) as caught:
+            port.merge_group("u1", GROUP)
+        assert caught.value.limit == "tokens"
+        assert len(server.requests) == 1
+
     def test_embedding_retries_are_calls(self, make_port: MakePort) -> None:
         """An embeddings request retried once is two calls, both embedding calls."""
         port, _ = make_port(error_reply(503), embeddings_reply([[0.1, 0.2]]))
