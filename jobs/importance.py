@@ -12,16 +12,24 @@ rejects the whole answer).
 
 Emits ``set_importance`` (details: ``importance`` = new score, ``previous`` = old one; the
 executor writes ``importance`` and ``importance_assessed_at``; restore puts both back), also when
-the score is unchanged, so the row counts as assessed. A batch that gets no usable answer changes
-nothing and is listed as ``deferred`` (details.memory_ids = the batch; consecutive deferred
-batches of one user for the same reason are listed once, details.calls = how many) with reason:
+the score is unchanged, so the row counts as assessed.
+
+A batch whose answer is rejected, or whose request is refused for its content (400/413/422), is
+asked again in halves, level by level, each failing half halved again down to single rows, at
+most ``2 * ceil(log2(size))`` further calls (``Isolation``): one bad row costs its batch of 20 at
+most 11 calls, and every other row is scored. A part that still has no usable answer changes
+nothing and is listed as ``deferred`` (details.memory_ids = the part; consecutive deferred
+parts of one user for the same reason are listed once, details.calls = how many) with reason:
 
 - ``llm_unavailable`` — offline (no LLM configured) or the server did not answer (an error);
 - ``llm_invalid`` — the answer was rejected (an error; details.error = the rejection code);
 - ``llm_budget`` — the run's LLM budget is spent.
 
-After an unavailable server or a spent budget, the job's remaining batches of this user batch
-are deferred without calling again. Runs before decay, usage_prune and user_cap, which use the
+After an unavailable server or a spent budget, the job's remaining batches (and parts) of this
+user batch are deferred without calling again; so after three refusals in a row, where both
+halves of a refused part refused count as one (a gateway refusing everything).
+
+Runs before decay, usage_prune and user_cap, which use the
 new scores in the same run where they are higher than before (a lowered score decides from the
 next run: gc_worker.batch.BatchContext.record). Batches are cut in a stable order (user,
 created_at, id), so a dry run followed by another dry run asks the same questions and the
@@ -31,6 +39,8 @@ nothing.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from itertools import groupby
@@ -92,25 +102,115 @@ def defer_batch(batch: ScoringBatch, reason: str, **details: Any) -> Action:
     return deferred(NAME, batch.user_id, [row.id for row in batch.rows], reason, **details)
 
 
-def ask(
-    ctx: BatchContext, batch: ScoringBatch, refusals: Refusals
-) -> tuple[dict[str, int] | Action, bool]:
-    """The batch's validated scores, or the ``deferred`` action saying why there are none; and
-    whether the server now counts as down for the rest of the batch."""
+@dataclass(frozen=True)
+class Failure:
+    """Why one question got no usable answer: ``reason`` (a deferral reason), the rejection
+    code of an invalid answer, the refusal of a request refused for its content."""
+
+    reason: str
+    error: str | None = None
+    refusal: LLMUnavailable | None = None
+
+    @property
+    def about_content(self) -> bool:
+        """The answer failed for what was asked (a half may well be answered), not because
+        the server is down or the budget spent."""
+        return self.error is not None or self.refusal is not None
+
+    def defer(self, batch: ScoringBatch) -> Action:
+        return defer_batch(batch, self.reason, **({"error": self.error} if self.error else {}))
+
+
+def ask(ctx: BatchContext, batch: ScoringBatch) -> dict[str, int] | Failure:
+    """The batch's validated scores, or why there are none (failed calls count in errors)."""
     ctx.stop_if_asked()
     try:
-        scores = ctx.llm.score_importance(batch.user_id, batch.members)
+        return ctx.llm.score_importance(batch.user_id, batch.members)
     except LLMInvalidAnswer as exc:
         ctx.job_stats(NAME).errors += 1
-        refusals.answered()
-        return defer_batch(batch, INVALID, error=exc.reason), False
+        return Failure(INVALID, error=exc.reason)
     except LLMBudgetExhausted:
-        return defer_batch(batch, BUDGET), True
+        return Failure(BUDGET)
     except LLMUnavailable as exc:
         ctx.job_stats(NAME).errors += 1
-        return defer_batch(batch, UNAVAILABLE), refusals.down_after(exc)
-    refusals.answered()
-    return scores, False
+        return Failure(UNAVAILABLE, refusal=exc if exc.refused else None)
+
+
+def further_calls(size: int) -> int:
+    """Calls one batch of ``size`` rows may cost after its own to isolate what failed: two per
+    halving, enough to narrow one bad row down to itself."""
+    return 2 * math.ceil(math.log2(size)) if size > 1 else 0
+
+
+def halves(batch: ScoringBatch) -> tuple[ScoringBatch, ScoringBatch]:
+    middle = (len(batch.rows) + 1) // 2
+    return replace(batch, rows=batch.rows[:middle]), replace(batch, rows=batch.rows[middle:])
+
+
+class Isolation:
+    """One batch's questions: the batch, then, while it or a part of it fails for its content,
+    the two halves of that part, level by level (both halves of a part are asked before any
+    is split again), within ``further_calls``. A part that still fails waits, with its reason;
+    a spent budget or a server that is down ends the isolation (module docstring)."""
+
+    def __init__(self, ctx: BatchContext, batch: ScoringBatch, refusals: Refusals) -> None:
+        self.ctx, self.batch, self.refusals = ctx, batch, refusals
+        self.allowance = further_calls(len(batch.rows))
+        self.pairs: deque[tuple[ScoringBatch, ScoringBatch]] = deque()
+        self.actions: list[Action] = []
+
+    def run(self) -> str | None:
+        """Ask about the batch; the reason the model is not to be asked again, if so."""
+        batch = self.batch
+        failure = self.answer(batch)
+        if failure is not None:
+            if failure.refusal is not None and self.refusals.down_after(failure.refusal):
+                return self.stop([batch], UNAVAILABLE)
+            if not failure.about_content:
+                return self.stop([batch], failure.reason)
+            self.settle(batch, failure)
+        while self.pairs:
+            pair = self.pairs.popleft()
+            failed: list[tuple[ScoringBatch, Failure]] = []
+            for number, part in enumerate(pair):
+                failure = self.answer(part)
+                if failure is not None and not failure.about_content:
+                    self.actions += [f.defer(p) for p, f in failed]
+                    return self.stop(list(pair[number:]), failure.reason)
+                if failure is not None:
+                    failed.append((part, failure))
+            refusals = [f.refusal for _, f in failed if f.refusal is not None]
+            # both halves refused: the refusal is not about one row (a gateway refusing all)
+            if len(refusals) == 2 and self.refusals.down_after(refusals[0]):
+                return self.stop([part for part, _ in failed], UNAVAILABLE)
+            for part, failure in failed:
+                self.settle(part, failure)
+        return None
+
+    def answer(self, batch: ScoringBatch) -> Failure | None:
+        """Ask; record the scores, or return why there are none."""
+        answer = ask(self.ctx, batch)
+        if isinstance(answer, Failure):
+            return answer
+        self.refusals.answered()
+        self.actions += score_actions(batch, answer)
+        return None
+
+    def settle(self, part: ScoringBatch, failure: Failure) -> None:
+        """Ask about a failed part's halves, or let it wait when it is one row (or the
+        allowance is spent)."""
+        if len(part.rows) > 1 and self.allowance >= 2:
+            self.allowance -= 2
+            self.pairs.append(halves(part))
+        else:
+            self.actions.append(failure.defer(part))
+
+    def stop(self, unasked: list[ScoringBatch], reason: str) -> str:
+        """Defer ``unasked`` and every part still to be asked."""
+        parts = unasked + [part for pair in self.pairs for part in pair]
+        self.pairs.clear()
+        self.actions += [defer_batch(part, reason) for part in parts]
+        return reason
 
 
 def plan_scoring(ctx: BatchContext, batches: Iterable[ScoringBatch]) -> list[Action]:
@@ -122,12 +222,9 @@ def plan_scoring(ctx: BatchContext, batches: Iterable[ScoringBatch]) -> list[Act
         if stop_reason is not None:
             actions.append(defer_batch(batch, stop_reason))
             continue
-        answer, down = ask(ctx, batch, refusals)
-        if isinstance(answer, Action):
-            actions.append(answer)
-            stop_reason = answer.reason if down else None
-        else:
-            actions += score_actions(batch, answer)
+        isolation = Isolation(ctx, batch, refusals)
+        stop_reason = isolation.run()
+        actions += isolation.actions
     return merge_deferred(actions)
 
 

@@ -356,17 +356,31 @@ class TestRejectedAnswers:
     def test_bad_answer_changes_nothing_and_is_counted(
         self, engine, settings, make_llm, reply: httpx2.Response, error: str
     ) -> None:
-        """The whole batch is left as it was, counted as an error and listed as deferred."""
+        """No row takes a score from a rejected answer; the batch is asked again in halves
+        (here rejected too, down to single rows), each failure counted as an error, every row
+        listed as deferred with the rejection code."""
+        from structlog.testing import capture_logs
+
+        from gc_worker import logs as gc_logs
+
+        gc_logs.configure("info")  # an earlier test (the demo) may have raised the level
         ids = seed_three(engine)
         before = snapshot(engine)
-        llm, _ = make_llm(reply)
-        report = run(engine, settings, jobs=["importance"], llm=llm)
+        again = chat_reply(scores((0, 9)))  # rejected for a half of 1 or 2 rows
+        llm, server = make_llm(reply, again, again, again, again)
+        with capture_logs() as logs:
+            report = run(engine, settings, jobs=["importance"], llm=llm)
         assert snapshot(engine) == before
-        assert report["jobs"]["importance"]["errors"] == 1
-        [action] = report["actions"]
-        assert (action["action"], action["reason"]) == ("deferred", "llm_invalid")
-        assert action["details"]["error"] == error
-        assert sorted(action["details"]["memory_ids"]) == sorted(map(str, ids.values()))
+        assert len(server.requests) == 5  # the batch, its halves (2 + 1), the 2's halves
+        assert report["jobs"]["importance"]["errors"] == 5
+        rejected = [e["reason"] for e in logs if e["event"] == "llm.answer_rejected"]
+        assert rejected[0] == error
+        assert {(a["action"], a["reason"]) for a in report["actions"]} == {
+            ("deferred", "llm_invalid")}  # fmt: skip
+        listed = [i for a in report["actions"] for i in a["details"]["memory_ids"]]
+        assert sorted(listed) == sorted(map(str, ids.values()))
+        assert {a["details"]["error"] for a in report["actions"]} <= {
+            "missing_index", "score_out_of_range"}  # fmt: skip
 
     def test_a_bad_batch_does_not_stop_the_next_one(self, engine, make_llm) -> None:
         """With batches of one, a rejected answer defers its batch and the next is scored."""
