@@ -5,6 +5,8 @@ Options (``[user_cap]``):
     overflow = "evict"     or "summarize": fold the evicted rows into one summary first
     fallback_to_evict = false   with "summarize": evict anyway when the LLM can't summarise
     max_summary_depth = 1  a summary is not folded into a summary-of-summaries beyond this
+    max_summary_rows = 20  rows one summary folds at most (the most valuable of those taken;
+                           the rest wait for the next run, or with the fallback are evicted)
 
 Eviction order: lowest importance first (as re-assessed earlier in the run), then least recently
 used (last_accessed_at, else created_at), then oldest, then id. ``overflow = "evict"`` emits
@@ -74,6 +76,8 @@ from jobs.user_cap_records import (
 
 log = structlog.get_logger("memory_gc")
 
+SUMMARY_ROWS = 20  # [user_cap] max_summary_rows
+
 
 def eviction_key(row: Any, importance: Mapping) -> tuple:
     """Effective importance, least recently used, oldest, id; a row ranked by
@@ -141,6 +145,8 @@ def split_overflow(
     cap: int,
     max_depth: int,
     importance: Mapping | None = None,
+    max_rows: int = SUMMARY_ROWS,
+    fallback: bool = False,
 ) -> Overflow:
     """Which of one user's evictable rows to fold and which to evict (module docstring)."""
     importance = importance or {}
@@ -148,10 +154,19 @@ def split_overflow(
     excess = max(active - cap, 0)
     plain = tuple(ordered[:excess])
     taken = [(row, fold_blocker(row, max_depth)) for row in ordered[: excess + 1]]
-    fold = tuple(row for row, why in taken if why is None)
-    if excess == 0 or len(ordered) < excess + 1 or len(fold) < 2:
+    foldable = [row for row, why in taken if why is None]
+    if excess == 0 or len(ordered) < excess + 1 or len(foldable) < 2:
         return Overflow(user_id, excess, (), plain, plain)
+    # one summary carries at most max_rows rows (one request a model can read): the most
+    # valuable, so it ranks after the rest, which wait for the next run or, with the
+    # fallback, are evicted plainly
+    fold, rest = tuple(foldable[-max_rows:]), foldable[:-max_rows]
+    if rest and not fallback:
+        # the user stays over the cap: a row ranked after the folded ones is not evicted
+        # while less valuable rows wait (an earlier chunk's summary, at the depth limit)
+        taken = taken[: next(i for i, (row, _) in enumerate(taken) if row is fold[-1])]
     blocked = [(row, why) for row, why in taken if why is not None]
+    blocked += [(row, "summary_rows") for row in rest] if fallback else []
     evict = tuple(row for row, _ in blocked)
     return Overflow(user_id, excess, fold, evict, plain, tuple(why for _, why in blocked))
 
@@ -278,6 +293,7 @@ def plan_summaries(
         split_overflow(
             user_id, grouped[user_id], active=counts[user_id], cap=policy.max_memories,
             max_depth=policy.max_summary_depth, importance=ctx.importance,
+            max_rows=policy.max_summary_rows, fallback=policy.fallback_to_evict,
         )
         for user_id in sorted(counts)
     ]  # fmt: skip
