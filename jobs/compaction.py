@@ -79,7 +79,7 @@ from jobs.llm_support import (
     rows_by_user,
     with_embeddings,
 )
-from jobs.similarity import complete_linkage_groups, normalise_text
+from jobs.similarity import complete_linkage_groups, normalise_text, threshold_components
 from jobs.text_facts import near_miss_reasons, unsupported_reason
 
 log = structlog.get_logger("memory_gc")
@@ -107,10 +107,11 @@ class Merge:
     embedding_source: str = "model"
 
 
-# Rows of one partition (user, slot, scope, type, trust) grouped in one run, the newest: the
-# similarity matrices grow with its rows squared (5,000 rows: 1.2 GB; 20,000 would need
-# 15 GB, and the worker killed at every night's batch left the user uncapped too). Its older
-# rows wait, counted in `skipped`; user_cap (after compaction) keeps most users far below.
+# Rows of one connected component of a partition's threshold graph (rows linked by pairs reaching
+# `similarity`) grouped in one run, the newest: complete linkage needs its similarity matrices,
+# which grow with its rows squared (5,000 rows: 1.2 GB; 20,000 would need 15 GB). Only a set of
+# thousands of mutually near rows (a bulk import, a looping writer) is that big; its older rows
+# wait, counted in `skipped`. A partition of many small components is grouped whole.
 MAX_CLUSTER_ROWS = 3_000
 
 
@@ -120,7 +121,7 @@ def find_groups(
 ) -> tuple[list[list[Any]], int]:  # fmt: skip
     """One user's candidate groups (per slot, scope and memory type: rows of two scopes are read
     apart, so one merged record cannot stand for both) and how many rows had an unusable
-    embedding."""
+    embedding or wait in a capped component."""
     eligible = [row for row in rows if mergeable(row, max_merge_depth)]
     kept, vectors, skipped = with_embeddings(eligible, dim)
     by_slot: dict[tuple[str, str, str, str, int], list[int]] = defaultdict(list)
@@ -132,27 +133,41 @@ def find_groups(
         # of one memory type: a procedural rule merged with a fact would become a fact
         key = (_key(row.slot), _key(row.scope), row.memory_type or "", event, row.trust)
         by_slot[key].append(index)
-    by_id = {row.id: row for row in kept}
     groups = []
     for slot in sorted(by_slot):
-        indexes = by_slot[slot]
-        if len(indexes) > MAX_CLUSTER_ROWS:  # the newest only: memory grows with rows squared
-            newest = sorted(indexes, key=lambda i: (kept[i].created_at, str(kept[i].id)))
-            indexes = newest[-MAX_CLUSTER_ROWS:]
-            skipped += len(newest) - MAX_CLUSTER_ROWS
-            log.warning("compaction.partition_capped", user_id=kept[indexes[0]].user_id,
-                        rows=len(newest), grouped=MAX_CLUSTER_ROWS)  # fmt: skip
-        found = complete_linkage_groups(
-            [kept[i].id for i in indexes],
-            vectors[indexes],
-            similarity=similarity,
-            max_group_size=max_group_size,
-        )
-        groups += [[by_id[memory_id] for memory_id in group] for group in found]
+        found, waiting = _partition_groups(kept, vectors, by_slot[slot], similarity, max_group_size)
+        groups += found
+        skipped += waiting
     if ancestors:  # a merged record is in a group only with rows like all it stands for
         footprints = _footprints(kept, vectors, ancestors, dim)
         groups = [cohesive(group, footprints, similarity) for group in groups]
     return [group for group in groups if len(group) >= 2], skipped
+
+
+def _partition_groups(
+    kept: Sequence[Any], vectors: np.ndarray, indexes: list[int], similarity: float, cap: int
+) -> tuple[list[list[Any]], int]:
+    """One partition's groups, complete linkage run per connected component of its threshold
+    graph (the same groups as over the whole partition; memory bounded by the biggest
+    component, itself capped at its newest MAX_CLUSTER_ROWS), and how many rows wait."""
+    matrix = vectors if len(indexes) == len(kept) else vectors[indexes]
+    found, waiting = [], 0
+    for component in threshold_components(matrix, similarity=similarity):
+        members = [indexes[i] for i in component]
+        if len(members) > MAX_CLUSTER_ROWS:  # the newest only: memory grows with rows squared
+            members.sort(key=lambda i: (kept[i].created_at, str(kept[i].id)))
+            waiting += len(members) - MAX_CLUSTER_ROWS
+            log.warning("compaction.partition_capped", user_id=kept[members[0]].user_id,
+                        rows=len(members), grouped=MAX_CLUSTER_ROWS)  # fmt: skip
+            members = members[-MAX_CLUSTER_ROWS:]
+        found += complete_linkage_groups(
+            [kept[i].id for i in members],
+            vectors[members],
+            similarity=similarity,
+            max_group_size=cap,
+        )
+    by_id = {kept[i].id: kept[i] for i in indexes}
+    return [[by_id[memory_id] for memory_id in group] for group in sorted(found)], waiting
 
 
 def _footprints(

@@ -15,6 +15,10 @@ Vectors
     cosine_matrix(vectors)           pairwise cosine similarity; invalid rows/columns are NaN.
     complete_linkage_groups(...)     groups (size >= 2, <= max_group_size) in which EVERY pair
                                      reaches `similarity` - no chaining.
+    threshold_components(...)        connected components of the graph of pairs reaching
+                                     `similarity`, built a block of rows at a time: every
+                                     complete-linkage group lies inside one, so a big partition
+                                     is grouped one component at a time in bounded memory.
     pairs_above(...)                 all pairs reaching `similarity`, most similar first.
 
 A pair "reaches" a threshold when its cosine is >= similarity - SIMILARITY_TOLERANCE (1e-9), so a
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
+from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from typing import TypeVar
 
@@ -33,6 +38,14 @@ import numpy as np
 Id = TypeVar("Id", bound=Hashable)
 
 SIMILARITY_TOLERANCE = 1e-9
+SIMILARITY_DECIMALS = 12  # grouping reads cosines to 1e-12: below that, rounding noise
+# Cells of the similarity matrix held at once by threshold_components (rows of a block x the
+# rows after it): 4M float64 = 32 MB, whatever the partition's size.
+BLOCK_CELLS = 1 << 22
+# How far below the threshold a pair still links two components: a block product may round a
+# cosine differently from a component's own matrix (~1e-15). A link too many only makes a
+# component bigger; one too few could split a group.
+EDGE_MARGIN = 1e-9
 
 # ---------------------------------------------------------------------------------------------
 # Text normalisation and hashing
@@ -206,7 +219,9 @@ def complete_linkage_groups(
     sorted_ids, matrix = _sorted_valid(ids, vectors)
     if len(sorted_ids) < 2:
         return []
-    sims = cosine_matrix(matrix)
+    # rounded: ties (identical vectors) are broken by row order, not by how one matrix product
+    # happened to round, so a component grouped alone gets the groups of the whole partition
+    sims = np.round(cosine_matrix(matrix), SIMILARITY_DECIMALS)
     within = sims >= similarity - SIMILARITY_TOLERANCE
     labels = _cluster_labels(sims, similarity)
     clusters: dict[int, list[int]] = {}
@@ -219,3 +234,53 @@ def complete_linkage_groups(
         for group in _carve(members, sims, within, max_group_size)
     ]
     return [[sorted_ids[i] for i in group] for group in sorted(groups)]
+
+
+def threshold_components(
+    vectors: np.ndarray | Sequence[Sequence[float]],
+    *,
+    similarity: float,
+    block_cells: int = BLOCK_CELLS,
+) -> list[list[int]]:
+    """Row positions of each connected component (2 rows or more) of the graph linking two rows
+    whose cosine reaches `similarity`; invalid rows are in none. Every pair of a
+    complete-linkage group reaches it, so each group lies inside one component. The matrix is
+    built a block of rows at a time and only links are kept: memory O(block_cells + n * dim),
+    not n^2. Positions ascend within a component; components are ordered by their first."""
+    _check_similarity(similarity)
+    matrix = _as_matrix(vectors)
+    positions = np.flatnonzero(_valid_mask(matrix))
+    unit = matrix[positions]  # the one copy of the rows: unit vectors, as cosine_matrix's
+    unit /= np.linalg.norm(unit, axis=1)[:, None]
+    del matrix
+    count = len(positions)
+    roots = np.arange(count)
+    step = max(1, block_cells // max(count, 1))
+    reach = similarity - SIMILARITY_TOLERANCE - EDGE_MARGIN
+    for start in range(0, count, step):
+        block = unit[start : start + step] @ unit[start:].T
+        rows, cols = np.nonzero(block >= reach)
+        del block
+        roots = _linked(roots, rows + start, cols + start)
+    members: dict[int, list[int]] = defaultdict(list)
+    for position, root in zip(positions.tolist(), roots.tolist(), strict=True):
+        members[root].append(position)
+    return [found for found in members.values() if len(found) >= 2]
+
+
+def _linked(roots: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Each row's component root (its smallest row) once the links rows[k]-cols[k] are added."""
+    new = roots[rows] != roots[cols]
+    if not new.any():
+        return roots
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    count = len(roots)
+    starts = np.concatenate([rows[new], np.arange(count)])
+    ends = np.concatenate([cols[new], roots])
+    graph = coo_matrix((np.ones(len(starts), dtype=np.int8), (starts, ends)), shape=(count, count))
+    _, labels = connected_components(graph, directed=False)
+    smallest = np.full(labels.max() + 1, count)
+    np.minimum.at(smallest, labels, np.arange(count))
+    return smallest[labels]
