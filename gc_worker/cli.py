@@ -86,13 +86,13 @@ def parse_now(value: str | None) -> datetime:
     return parsed
 
 
-def not_ahead(when: datetime, label: str, fix: str) -> None:
+RETENTION_EARLY = "applied, it would end retention windows early (purging rows before their time)"
+
+
+def not_ahead(when: datetime, label: str, fix: str, why: str = RETENTION_EARLY) -> None:
     """Refuse an applied change stamped more than a day past this machine's clock."""
     if ahead_of_clock(when):
-        raise UsageError(
-            f"{label} is more than a day ahead of this machine's clock; applied, it would end "
-            f"retention windows early (purging rows before their time). {fix}"
-        )
+        raise UsageError(f"{label} is more than a day ahead of this machine's clock; {why}. {fix}")
 
 
 MAX_COUNT = 1_000_000_000  # a count given on the command line (a list's --limit)

@@ -117,6 +117,8 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> int:
 
     memory_id = parse_uuid(args.memory_id, "memory id") if args.memory_id else None
     now = parse_now(args.now)  # bad input is refused before connecting
+    not_ahead(now, f"--now {args.now!r}", "Leave --now out to record this machine's time.",
+              why="it would be recorded as verified_at, an instant not reached yet")  # fmt: skip
     result = verify(
         ctx.engine(), now=now, user_id=args.user_id, memory_id=memory_id,
         all_tables=args.all_tables,

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import datetime
 from typing import Any
 
 from gc_worker import reviews
-from gc_worker.cli import Context, parse_now, parse_uuid, positive_int, user_id_arg
+from gc_worker.cli import Context, not_ahead, parse_now, parse_uuid, positive_int, user_id_arg
 from gc_worker.errors import UsageError
 from gc_worker.render_text import printable
 
@@ -68,7 +69,7 @@ def cmd_resolve(args: argparse.Namespace, ctx: Context) -> int:
     review_id = _review_id(args.review_id)  # bad input is refused before connecting
     keep = parse_uuid(args.keep, "--keep memory id") if args.keep else None
     obsolete = parse_uuid(args.obsolete, "--obsolete memory id") if args.obsolete else None
-    now = parse_now(args.now) if args.now else None
+    now = _stamp(args.now)
     result = reviews.resolve_review(
         ctx.engine(), review_id, keep=keep, obsolete=obsolete, dismiss=args.dismiss, now=now
     )
@@ -83,12 +84,23 @@ def cmd_resolve(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_lift(args: argparse.Namespace, ctx: Context) -> int:
     review_id = _review_id(args.review_id)  # bad input is refused before connecting
-    now = parse_now(args.now) if args.now else None
+    now = _stamp(args.now)
     item = reviews.lift_dismissal(ctx.engine(), review_id, now=now)
     members = ", ".join(str(m) for m in item.memory_ids)
     print(f"review {item.id} ({printable(item.kind)}, user {printable(item.user_id)}): dismissal "
           f"lifted; the next run may decide about {members} again")  # fmt: skip
     return 0
+
+
+def _stamp(value: str | None) -> datetime | None:
+    """--now of a decision: it stamps the change and judges the members' validity at that
+    instant, so it may not run ahead of this machine's clock (as `run`'s may not)."""
+    if value is None:
+        return None
+    now = parse_now(value)
+    not_ahead(now, f"--now {value!r}", "Leave --now out to record this machine's time.",
+              why="the decision would be stamped, and validity judged, in the future")  # fmt: skip
+    return now
 
 
 def _review_id(value: str) -> int:
