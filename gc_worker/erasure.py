@@ -35,6 +35,7 @@ from gc_worker.db import transaction
 from gc_worker.erasure_scrub import KEEP_DETAILS, audited_reach, scrub
 from gc_worker.errors import NotFoundError, RunFailed, UsageError
 from gc_worker.queries import q
+from gc_worker.run_record import load_run
 
 log = structlog.get_logger("memory_gc")
 
@@ -173,7 +174,9 @@ def complete_rowless(engine: Engine, run: dict[str, Any]) -> int:
     users who have no memory rows (the application filed the request with an INSERT, or deleted
     the rows after filing it). No batch visits such a user, so without this they would stay
     pending for ever, and what the worker kept about the user with them. Each user waits for
-    any batch still holding them (as ``forget-user`` does). Returns how many were completed."""
+    any batch still holding them (as ``forget-user`` does). A run no longer running (cancelled:
+    nothing more of it is applied) leaves them pending for the next run. Returns how many were
+    completed."""
     if run["mode"] != "apply" or JOB not in run["jobs"]:
         return 0
     with engine.connect() as conn:
@@ -182,6 +185,11 @@ def complete_rowless(engine: Engine, run: dict[str, Any]) -> int:
     for user_id in users:
         with transaction(engine) as conn:
             conn.execute(q("lock_user_xact"), {"user_id": user_id})
+            # `cancel` waits for this process to leave the run: a cancel committed before this
+            # check stops it, one after it returns once this user is done (as for a batch)
+            if load_run(conn, run["id"])["status"] != "running":
+                log.info("erasure.rowless_left_pending", run_id=str(run["id"]))
+                break
             pending = conn.execute(q("erasure_rowless_requests"), {"user_id": user_id}).mappings()
             for request in pending.all():
                 _scrub_and_complete(conn, request, now=run["now"], run_id=run["id"])

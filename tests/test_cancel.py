@@ -180,3 +180,29 @@ def test_a_sweep_whose_run_is_cancelled_is_closed_failed(engine, settings, monke
         assert daemon.sweep_next() is True
     row = request_row(engine, request_id)
     assert row["status"] == "failed" and "cancelled by an operator" in row["error"]
+
+
+def test_a_cancelled_erasure_run_leaves_rowless_requests_pending(engine, settings, monkeypatch):
+    """A run ends by completing the requests of users with no memory rows (an application's
+    INSERT); a cancelled one did too, though nothing more of it is to be applied: the request
+    stays pending, and the next run completes it."""
+    from gc_worker import run_workers
+
+    add(engine, "u1", "kept")
+    execute(engine, "INSERT INTO gc_erasure_requests (kind, user_id) VALUES ('user', 'gone')")
+    real = run_workers.process_next_batch
+
+    def cancelled_first(engine_, run, *args, **kwargs):
+        cancel(engine_, run["id"], wait_seconds=0)
+        return real(engine_, run, *args, **kwargs)
+
+    monkeypatch.setattr(run_workers, "process_next_batch", cancelled_first)
+    request = gc_engine.RunRequest(mode="apply", now=NOW, jobs=("erasure",))
+    run_id = gc_engine.start_run(engine, settings, request)
+    gc_engine.process_run(engine, run_id, settings)
+    assert run_of(engine, run_id).error == CANCELLED
+    query = "SELECT status, run_id FROM gc_erasure_requests"
+    assert tuple(execute(engine, query).one()) == ("pending", None)
+    monkeypatch.undo()
+    again = gc_engine.run_once(engine, settings, request)
+    assert tuple(execute(engine, query).one()) == ("completed", again)
