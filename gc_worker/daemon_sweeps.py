@@ -93,6 +93,8 @@ class SweepServing:
 
         try:
             run_id = self._sweep_run(claim)
+            if run_id is None:  # the claim was lost: its new holder sweeps and closes it
+                return
             done = self.work(run_id, on_progress=progressed)
         except NotFoundError as exc:  # the user has no memories (any more)
             self._sweep_failed(
@@ -121,10 +123,11 @@ class SweepServing:
         # before it joined the run); once the lease runs out, the next claimer finds the run
         # completed and closes the request
 
-    def _sweep_run(self, claim: sweeps.SweepClaim) -> UUID:
+    def _sweep_run(self, claim: sweeps.SweepClaim) -> UUID | None:
         """The run of a claimed sweep: the one an earlier daemon started for it (handed back at
         a stop) unless it is too old to finish, else a new one (also when the run the request
-        names is not a sweep of its user and kind: an application may have named any)."""
+        names is not a sweep of its user and kind: an application may have named any). None
+        when the claim was lost before the new run was recorded: that run is failed unworked."""
         status = sweeps.own_run_status(self.engine, claim)
         if status == "completed" or (
             status == "running"
@@ -138,7 +141,12 @@ class SweepServing:
             users=(claim.user_id,), jobs=resolve_jobs([], self.settings), trigger=SWEEP_TRIGGER,
         )  # fmt: skip
         run_id = start_run(self.engine, self.settings, request)
-        sweeps.attach_run(self.engine, claim.id, run_id)
+        if not sweeps.attach_run(self.engine, claim, run_id):
+            if sweeps.fail_abandoned_run(
+                self.engine, run_id, error=sweeps.LOST_CLAIM, query="fail_unrecorded_sweep_run"
+            ):
+                self._count(self.metrics.run_finished, run_id)
+            return None
         return run_id
 
     def _sweep_failed(self, request_id: int, error: str) -> None:

@@ -47,6 +47,7 @@ class SweepClaim:
     dry_run: bool
     run_id: UUID | None
     attempts: int
+    worker: str  # the claimer: only while it still holds the request may it record a run
 
 
 # The error of a forgotten user's sweep: the text the erasure's scrub leaves (sql/erasure.sql,
@@ -106,7 +107,7 @@ def claim_sweep(engine: Engine, *, worker: str, lease_seconds: float) -> SweepCl
         row = conn.execute(
             q("claim_sweep_request"), {"worker": worker, "lease": lease_seconds}
         ).first()
-    return None if row is None else SweepClaim(*row)
+    return None if row is None else SweepClaim(*row, worker=worker)
 
 
 def own_run_status(engine: Engine, claim: SweepClaim) -> str | None:
@@ -119,9 +120,16 @@ def own_run_status(engine: Engine, claim: SweepClaim) -> str | None:
         return conn.execute(q("sweep_run_status"), params).scalar()
 
 
-def attach_run(engine: Engine, request_id: int, run_id: UUID) -> None:
+def attach_run(engine: Engine, claim: SweepClaim, run_id: UUID) -> bool:
+    """Record ``run_id`` as the claimed request's run; False (nothing recorded) when the
+    claimer no longer holds it: it stalled past its lease and another daemon claimed it, whose
+    run sweeps the user (working this one too would sweep the user twice)."""
+    params = {"id": claim.id, "run_id": run_id, "worker": claim.worker}
     with transaction(engine) as conn:
-        conn.execute(q("attach_sweep_run"), {"id": request_id, "run_id": run_id})
+        attached = conn.execute(q("attach_sweep_run"), params).rowcount > 0
+    if not attached:
+        log.info("gc.sweep.not_held", request_id=claim.id, run_id=str(run_id))
+    return attached
 
 
 def finish_sweep(engine: Engine, request_id: int, *, worker: str, error: str | None = None) -> bool:
@@ -164,6 +172,12 @@ UNRECORDED = (
     "no sweep request names it and nobody works it: its daemon stopped (died, or lost the "
     "database) before recording it on the request, whose next claim swept with another run, "
     "or its request was closed without it; nothing resumes a sweep run"
+)
+
+
+LOST_CLAIM = (
+    "its sweep request was claimed by another daemon while this one stalled past its lease; "
+    "that daemon's run sweeps the user"
 )
 
 

@@ -181,7 +181,8 @@ class TestARunNoRequestNamesIsClosed:
         worked = unrecorded_run(engine, settings, "alice", age_seconds=301)
         request_id = sweeps.request_sweep(engine, "alice")
         named = unrecorded_run(engine, settings, "alice", age_seconds=301)
-        sweeps.attach_run(engine, request_id, named)  # a stopped daemon handed it back with it
+        execute(engine, "UPDATE gc_sweep_requests SET run_id = :r WHERE id = :id", r=named,
+                id=request_id)  # a stopped daemon handed it back with it  # fmt: skip
         with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
             with participating(engine, worked):
                 daemon.upkeep()
@@ -218,9 +219,8 @@ class TestARunNoRequestNamesIsClosed:
         expired(engine, "alice")
         request_id = sweeps.request_sweep(engine, "alice")
         run_id = unrecorded_run(engine, settings, "alice", age_seconds=301)
-        sweeps.attach_run(engine, request_id, run_id)
-        execute(engine, "UPDATE gc_sweep_requests SET status = 'failed' WHERE id = :id",
-                id=request_id)  # fmt: skip
+        execute(engine, "UPDATE gc_sweep_requests SET status = 'failed', run_id = :r"
+                " WHERE id = :id", r=run_id, id=request_id)  # fmt: skip
         with closing(Daemon(engine, settings, clock=lambda: NOON)) as daemon:
             with participating(engine, run_id):  # its last worker, still alive
                 daemon.upkeep()

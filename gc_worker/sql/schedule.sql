@@ -260,8 +260,11 @@ WHERE id = :run_id AND trigger = 'sweep' AND users = CAST(ARRAY[:user_id] AS tex
   AND (mode = 'dry_run') = :dry_run
 
 -- attach_sweep_run --
--- Record which run serves a claimed request (a retry joins it instead of starting another).
-UPDATE gc_sweep_requests SET run_id = :run_id WHERE id = :id
+-- Record which run serves a claimed request (a retry joins it instead of starting another):
+-- only its holder does (a daemon whose claim was taken over while it stalled must not record,
+-- nor work, a second run of the user).
+UPDATE gc_sweep_requests SET run_id = :run_id
+WHERE id = :id AND status = 'running' AND claimed_by = :worker
 
 -- finish_sweep_request --
 -- Close a request as done or failed: only its holder does (a daemon whose claim was taken
