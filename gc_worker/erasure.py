@@ -162,6 +162,10 @@ def _scrub_and_complete(
     else:
         made = audited_reach(conn, [(request["memory_id"], request["user_id"])])
         scrub(conn, [request["memory_id"], *made], users=[request["user_id"]])
+        # what it reached that another request erased before is its too (verify-erasure)
+        link = {"id": request["id"], "user_id": request["user_id"],
+                "ids": [request["memory_id"], *made]}  # fmt: skip
+        conn.execute(q("erasure_link_tombstones"), link)
     params = {"id": request["id"], "now": now, "run_id": run_id,
               "empty_result": json.dumps(EMPTY_RESULT)}  # fmt: skip
     done = conn.execute(q("erasure_complete_at_once"), params).mappings().one()
@@ -300,6 +304,7 @@ def _write_tombstones(conn: Connection, deletes: list[Action]) -> None:
         "previews": [a.details["preview_hash"] for a in deletes],
         "requests": [ids[0] for ids in requests],
         "reasons": [a.reason for a in deletes],
+        "request_lists": ["{" + ",".join(i for i in ids if i) + "}" for ids in requests],
     }
     conn.execute(q("erasure_insert_tombstones"), params)
 

@@ -72,13 +72,19 @@ WHERE id = ANY(:ids) AND status <> 'active'
 RETURNING id
 
 -- erasure_insert_tombstones --
--- Remember what was erased: ids and content hashes, never content.
-INSERT INTO gc_erasure_tombstones (user_id, memory_id, content_hash, preview_hash, request_id,
-                                   reason)
-SELECT * FROM unnest(CAST(:owners AS text[]), CAST(:ids AS uuid[]), CAST(:hashes AS text[]),
-                     CAST(:previews AS text[]), CAST(:requests AS uuid[]),
-                     CAST(:reasons AS text[]))
-ON CONFLICT DO NOTHING
+-- Remember what was erased: ids and content hashes, never content; request_id is the first of
+-- the erasing requests, request_ids all of them (:request_lists, one '{…}' per row). A row
+-- tombstoned before gains the requests it lacks.
+INSERT INTO gc_erasure_tombstones AS t (user_id, memory_id, content_hash, preview_hash,
+                                        request_id, reason, request_ids)
+SELECT o, i, h, p, r, w, CAST(l AS uuid[])
+FROM unnest(CAST(:owners AS text[]), CAST(:ids AS uuid[]), CAST(:hashes AS text[]),
+            CAST(:previews AS text[]), CAST(:requests AS uuid[]), CAST(:reasons AS text[]),
+            CAST(:request_lists AS text[])) AS n(o, i, h, p, r, w, l)
+ON CONFLICT (user_id, memory_id, content_hash) DO UPDATE
+SET request_ids = ARRAY(SELECT DISTINCT u FROM unnest(t.request_ids || EXCLUDED.request_ids) AS u
+                        ORDER BY u)
+WHERE NOT t.request_ids @> EXCLUDED.request_ids
 
 -- erasure_gone --
 -- Of :ids, those no longer stored or erased: what is recorded about them goes from every
@@ -244,7 +250,8 @@ WITH RECURSIVE pending AS (
     UNION  -- every row erased for the request (a twin of the same text, a tombstone's match):
     -- what was made from it goes too
     SELECT p.id, m.id, m.user_id
-    FROM pending p JOIN gc_erasure_tombstones t ON t.request_id = p.id AND t.user_id = p.user_id
+    FROM pending p JOIN gc_erasure_tombstones t  -- gc_erasure_tombstones_requests_idx
+      ON t.request_ids @> ARRAY[p.id] AND t.user_id = p.user_id
          JOIN memories m ON m.id = t.memory_id AND m.user_id = t.user_id
     UNION
     SELECT r.request_id, d.id, d.user_id
@@ -258,6 +265,21 @@ WITH RECURSIVE pending AS (
     SELECT p.id
     FROM pending p JOIN memories m ON m.id = p.memory_id AND m.user_id <> p.user_id
     WHERE p.kind = 'memory'
+), linked AS (  -- every tombstone of a row a completed request reached, erased by it or by
+    -- another request before: verify-erasure of this request hashes for its content too
+    UPDATE gc_erasure_tombstones t
+    SET request_ids = ARRAY(SELECT DISTINCT u FROM unnest(t.request_ids || l.ids) AS u ORDER BY u)
+    FROM (SELECT x.user_id, x.memory_id, array_agg(DISTINCT x.request_id) AS ids
+          FROM (SELECT request_id, memory_id, user_id FROM reach
+                UNION
+                SELECT request_id, id, user_id FROM audited
+                UNION
+                SELECT request_id, id, user_id FROM audited_sources) AS x
+          WHERE NOT EXISTS (SELECT 1 FROM still_open o WHERE o.request_id = x.request_id)
+          GROUP BY x.user_id, x.memory_id) AS l
+    WHERE t.memory_id = l.memory_id AND t.user_id = l.user_id
+      AND NOT t.request_ids @> l.ids
+    RETURNING 1
 )
 UPDATE gc_erasure_requests q
 SET status = 'completed', completed_at = :now, run_id = :run_id,
@@ -287,7 +309,7 @@ WHERE r.status = 'completed'
     OR (CAST(:memory_id AS uuid) IS NOT NULL
         AND (r.memory_id = :memory_id
              OR EXISTS (SELECT 1 FROM gc_erasure_tombstones t
-                        WHERE t.memory_id = :memory_id AND t.request_id = r.id))))
+                        WHERE t.memory_id = :memory_id AND r.id = ANY(t.request_ids)))))
 ORDER BY r.completed_at DESC
 LIMIT 1
 
@@ -332,7 +354,7 @@ SELECT * FROM gc_erasure_requests r
 WHERE (CAST(:user_id AS text) IS NOT NULL AND r.user_id = :user_id)
    OR (CAST(:memory_id AS uuid) IS NOT NULL
        AND (r.memory_id = :memory_id
-            OR r.id IN (SELECT t.request_id FROM gc_erasure_tombstones t
+            OR r.id IN (SELECT unnest(t.request_ids) FROM gc_erasure_tombstones t
                         WHERE t.memory_id = :memory_id)))
 ORDER BY r.requested_at, r.id
 
@@ -340,7 +362,7 @@ ORDER BY r.requested_at, r.id
 -- Tombstones a verification checks: a user's, or those of some requests plus one memory's.
 SELECT user_id, memory_id, content_hash, preview_hash FROM gc_erasure_tombstones
 WHERE (CAST(:user_id AS text) IS NOT NULL AND user_id = :user_id)
-   OR request_id = ANY(CAST(:request_ids AS uuid[]))
+   OR request_ids && CAST(:request_ids AS uuid[])  -- gc_erasure_tombstones_requests_idx
    OR memory_id = CAST(:memory_id AS uuid)
 
 -- erasure_record_verification --
@@ -436,6 +458,15 @@ SET status = 'completed', completed_at = :now, run_id = :run_id,
              || jsonb_build_object('scrubbed_at', clock_timestamp())
 WHERE id = :id AND status = 'pending'
 RETURNING id, kind, user_id, memory_id, status, purge_now, requested_at
+
+-- erasure_link_tombstones --
+-- A request completed without a batch (its user has no memory rows): the tombstones of the
+-- rows it reached (:ids, erased by other requests before) belong to it too.
+UPDATE gc_erasure_tombstones
+SET request_ids = ARRAY(SELECT DISTINCT u FROM unnest(request_ids || ARRAY[CAST(:id AS uuid)]) AS u
+                        ORDER BY u)
+WHERE user_id = :user_id AND memory_id = ANY(CAST(:ids AS uuid[]))
+  AND NOT request_ids @> ARRAY[CAST(:id AS uuid)]
 
 -- erasure_scrub_sweep_errors --
 -- A forgotten user's failed sweep requests keep their status, not their error text.
