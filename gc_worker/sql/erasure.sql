@@ -265,8 +265,9 @@ WITH RECURSIVE pending AS (
     SELECT p.id
     FROM pending p JOIN memories m ON m.id = p.memory_id AND m.user_id <> p.user_id
     WHERE p.kind = 'memory'
-), linked AS (  -- every tombstone of a row a completed request reached, erased by it or by
-    -- another request before: verify-erasure of this request hashes for its content too
+), linked AS (  -- every tombstone of a row a completed memory request reached, erased by it
+    -- or by another request before: verify-erasure --memory hashes for its content too (a user
+    -- request's verification reads every tombstone of the user already)
     UPDATE gc_erasure_tombstones t
     SET request_ids = ARRAY(SELECT DISTINCT u FROM unnest(t.request_ids || l.ids) AS u ORDER BY u)
     FROM (SELECT x.user_id, x.memory_id, array_agg(DISTINCT x.request_id) AS ids
@@ -276,6 +277,7 @@ WITH RECURSIVE pending AS (
                 UNION
                 SELECT request_id, id, user_id FROM audited_sources) AS x
           WHERE NOT EXISTS (SELECT 1 FROM still_open o WHERE o.request_id = x.request_id)
+            AND EXISTS (SELECT 1 FROM pending p WHERE p.id = x.request_id AND p.kind = 'memory')
           GROUP BY x.user_id, x.memory_id) AS l
     WHERE t.memory_id = l.memory_id AND t.user_id = l.user_id
       AND NOT t.request_ids @> l.ids
