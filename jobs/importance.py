@@ -191,6 +191,8 @@ class Isolation:
         """Ask; record the scores, or return why there are none."""
         answer = ask(self.ctx, batch)
         if isinstance(answer, Failure):
+            if answer.error is not None:  # the server answered: no run of refusals goes on
+                self.refusals.answered()
             return answer
         self.refusals.answered()
         self.actions += score_actions(batch, answer)

@@ -419,6 +419,19 @@ class TestRejectedAnswers:
         assert len(server.requests) == 3
         assert report["jobs"]["importance"]["errors"] == 3
 
+    def test_a_rejected_answer_breaks_a_run_of_refusals(self, engine, make_llm) -> None:
+        """Refused, rejected, refused, refused: the server answered in between, so these are
+        not three refusals in a row, and the next batch is still asked and scored."""
+        ids = [add(engine, "u1", f"fact {i}", created_at=days_ago(9 - i)) for i in range(5)]
+        settings = with_options(importance={"batch_size": 1}, llm={"max_retries": 0})
+        llm, server = make_llm(
+            error_reply(400), chat_reply(scores((0, 9))), error_reply(400), error_reply(400),
+            chat_reply(scores((0, 2))), settings=settings,
+        )  # fmt: skip
+        run(engine, settings, jobs=["importance"], llm=llm)
+        assert len(server.requests) == 5
+        assert get(engine, ids[4])["importance"] == 2
+
 
 class TestNoNewCalls:
     def test_apply_of_a_dry_run_makes_no_call(self, engine, settings, make_llm) -> None:
