@@ -14,13 +14,13 @@ back (decay computes the score itself, and content versions leave the column out
 everywhere, a row the application holds is skipped (``SKIP LOCKED``), never waited for; so are
 the users some batch holds at the range's start (their per-user advisory locks). A sweep of one
 user that takes the user after a range started can still find a row the range rewrote at a new
-version and skip that action as drifted: harmless, its next run does it. Only the users of the run's done
-batches are refreshed, as the batches would have: not a user of a failed batch, nor one the
-run (or the plan it applies) did not take. A pass that stops (a stop request, an interrupt, a
-database error) leaves the rest to the next run, which finds them still due; it does not fail
-the run, whose actions are all applied (gc_worker.engine ``_score_pass``). The count of
-rewritten scores is added to ``gc_runs.scores_refreshed`` in each range's transaction and
-``gc_runs.score_pass`` ends ``done`` or ``stopped`` (a process killed in the pass leaves it
+version and skip that action as drifted: harmless, its next run does it. Only the users of the
+run's done batches are refreshed, as the batches would have: not a user of a failed batch, nor
+one the run (or the plan it applies) did not take. A pass that stops (a stop request, an
+interrupt, a database error) leaves the rest to the next run, which finds them still due; it
+does not fail the run, whose actions are all applied (gc_worker.engine ``_score_pass``). The
+count of rewritten scores is added to ``gc_runs.scores_refreshed`` in each range's transaction
+and ``gc_runs.score_pass`` ends ``done`` or ``stopped`` (a process killed in the pass leaves it
 ``due``): the run's report shows both.
 """
 
