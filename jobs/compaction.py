@@ -60,6 +60,7 @@ from gc_worker.actions import Action
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
 from gc_worker.queries import q
+from gc_worker.vector_loader import ARRAYS
 from jobs.compaction_embed import EMBED_KIND, EMBED_VERSION, embed_merges
 from jobs.compaction_records import (
     NAME,
@@ -193,7 +194,8 @@ def ancestor_embeddings(ctx: BatchContext, rows: Sequence[Any], max_merge_depth:
     if not ids:
         return {}
     found: dict[Any, list[Any]] = defaultdict(list)
-    for row in ctx.conn.execute(q("compaction_ancestor_embeddings"), {"ids": ids}):
+    read = q("compaction_ancestor_embeddings").execution_options(**ARRAYS)
+    for row in ctx.conn.execute(read, {"ids": ids}):
         found[row.memory_id].append(row.embedding)
     return found
 
@@ -263,7 +265,8 @@ def exact_merge(user_id: str, members: Sequence[Any]) -> Merge:
     """Exact duplicates: the earliest member's text, its embedding copied."""
     keep = earliest(members)
     score = min_similarity(members)
-    return Merge(user_id, list(members), keep.content, EXACT, score, list(keep.embedding), "copied")
+    copied = np.asarray(keep.embedding, dtype=np.float64).tolist()
+    return Merge(user_id, list(members), keep.content, EXACT, score, copied, "copied")
 
 
 def exact_sets(user_id: str, members: Sequence[Any]) -> tuple[list[Merge], list[Any]]:

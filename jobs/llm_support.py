@@ -26,6 +26,7 @@ from gc_worker.actions import Action, Kind
 from gc_worker.batch import BatchContext
 from gc_worker.llm import LLMBudgetExhausted, LLMInvalidAnswer, LLMUnavailable
 from gc_worker.queries import q
+from gc_worker.vector_loader import ARRAYS
 
 log = structlog.get_logger("memory_gc")
 
@@ -139,12 +140,13 @@ def candidate_rows(ctx: BatchContext, query: str, **binds: Any) -> Iterator[Any]
     the batch transaction streamed from the server; planned before it (the model is asked in
     between, with no transaction open) one short read per user, so no cursor stays open."""
     params = ctx.params(**binds)
+    statement = q(query).execution_options(**ARRAYS)  # an embedding as one numpy array
     if not ctx.in_transaction:
         for user in ctx.users:
             ctx.stop_if_asked()
-            yield from ctx.conn.execute(q(query), params | {"users": [user]}).all()
+            yield from ctx.conn.execute(statement, params | {"users": [user]}).all()
         return
-    result = ctx.conn.execute(q(query).execution_options(yield_per=STREAM_ROWS), params)
+    result = ctx.conn.execute(statement.execution_options(yield_per=STREAM_ROWS), params)
     try:
         yield from result
     finally:

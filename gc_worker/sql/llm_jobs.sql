@@ -7,7 +7,7 @@ WITH declared AS (
     WHERE user_id = ANY(:users) AND status IN ('active', 'obsolete') AND cardinality(supersedes) > 0
 )
 SELECT m.id, m.user_id, memory_gc_content_version(m) AS row_version,
-       left(m.content, 200) AS preview, m.content, CAST(m.embedding AS real[]) AS embedding,
+       left(m.content, 200) AS preview, m.content, m.embedding,
        m.memory_type, m.source, m.scope, m.slot, m.importance, m.importance_assessed_at,
        m.confidence, m.created_at, m.last_accessed_at, m.access_count, m.observed_at, m.valid_from,
        m.expires_at, m.metadata,
@@ -28,7 +28,7 @@ ORDER BY m.user_id, m.id
 -- passed is off the read path already (ttl_expiry's): it neither wins nor loses. `summary`: a
 -- summary user_cap folded (its times are its writing's, not its facts').
 SELECT id, user_id, memory_gc_content_version(m) AS row_version, left(content, 200) AS preview,
-       content, CAST(embedding AS real[]) AS embedding, slot, scope, supersedes, pinned, source,
+       content, embedding, slot, scope, supersedes, pinned, source,
        memory_gc_trust(source, metadata) AS trust, valid_from, valid_until, observed_at,
        created_at, left(source, 3) = 'gc_' AND metadata ? 'summary_depth' AS summary
 FROM memories m
@@ -144,7 +144,7 @@ WITH RECURSIVE up(record, id) AS (
     UNION
     SELECT up.record, l.source_id FROM up JOIN memory_lineage l ON l.derived_id = up.id
 )
-SELECT up.record AS memory_id, CAST(m.embedding AS real[]) AS embedding
+SELECT up.record AS memory_id, m.embedding
 FROM up
 JOIN memories r ON r.id = up.record
 JOIN memories m ON m.id = up.id AND m.user_id = r.user_id
