@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import jobs.compaction as compaction
-from jobs.similarity import BLOCK_CELLS, complete_linkage_groups, threshold_components
+from jobs.similarity import BLOCK_CELLS, complete_linkage_groups, pairs_above, threshold_components
 from tests.conftest import TEST_DIM
 from tests.store import days_ago
 from tests.test_compaction import groups_of, row
@@ -194,3 +194,50 @@ class TestFindGroupsMatchesOneRun:
         groups, skipped = groups_of(rows)
         expected = whole([r.id for r in rows], vectors)
         assert skipped == 0 and [[m.id for m in g] for g in groups] == expected
+
+
+def pair_at(similarity: float) -> np.ndarray:
+    return np.array([[1.0, 0.0], [similarity, math.sqrt(1.0 - similarity * similarity)]])
+
+
+class TestTheToleranceIsNotWidenedByRounding:
+    """A pair "reaches" the threshold at cosine >= threshold - 1e-9 (float noise of a pair built
+    at the threshold); reading cosines to 12 decimals moves that edge by 5e-13 at most, so a
+    pair a hundredth of the tolerance beyond it stays apart in groups and in pairs alike."""
+
+    @pytest.mark.parametrize("threshold", [0.5, 0.75, 0.8, 0.85, 0.95])
+    @pytest.mark.parametrize(("below", "joined"), [(0.0, True), (0.99e-9, True),
+                                                   (1.01e-9, False), (2e-9, False)])  # fmt: skip
+    def test_just_inside_and_just_outside_the_tolerance(self, threshold, below, joined):
+        """threshold - 0.99e-9 is a group and a pair; threshold - 1.01e-9 is neither."""
+        vectors = pair_at(threshold - below)
+        groups = complete_linkage_groups(["a", "b"], vectors, similarity=threshold,
+                                         max_group_size=8)  # fmt: skip
+        assert bool(groups) is joined
+        assert bool(pairs_above(["a", "b"], vectors, similarity=threshold)) is joined
+
+    def test_find_groups_keeps_a_pair_beyond_the_tolerance_apart(self):
+        """Through compaction's own path: 0.85 - 0.99e-9 merges, 0.85 - 1.01e-9 does not."""
+        for below, joined in ((0.99e-9, True), (1.01e-9, False)):
+            vectors = pair_at(THRESHOLD - below)
+            padded = np.zeros((2, TEST_DIM))
+            padded[:, :2] = vectors
+            rows = [row(f"Likes tea {i}", padded[i].tolist()) for i in range(2)]
+            groups, skipped = groups_of(rows)
+            assert (len(groups) == 1) is joined and skipped == 0
+
+
+class TestACappedComponentIsDeterministic:
+    def test_the_same_groups_whatever_the_order_of_the_rows(self, monkeypatch):
+        """A component over the cap keeps its newest rows and groups them the same way however
+        the candidate rows arrive."""
+        monkeypatch.setattr(compaction, "MAX_CLUSTER_ROWS", 5)
+        vectors = np.repeat(np.eye(TEST_DIM)[:1], 9, axis=0)
+        rows = [row(f"Likes tea {i}", v.tolist(), created_at=days_ago(i % 4))
+                for i, v in enumerate(vectors)]  # fmt: skip
+        results = []
+        for seed in range(4):
+            order = [rows[i] for i in np.random.default_rng(seed).permutation(len(rows))]
+            groups, skipped = groups_of(order, max_group_size=2)
+            results.append(([[m.id for m in g] for g in groups], skipped))
+        assert all(result == results[0] for result in results) and results[0][1] == 4
