@@ -1,5 +1,5 @@
 """The docs an operator reads name what the code has: metrics, commands and their options,
-the [schedule] table and the status reasons adoption probes."""
+the [schedule] table, the status reasons adoption probes, and the module map."""
 
 from __future__ import annotations
 
@@ -121,3 +121,21 @@ class TestStatusReasons:
         """The reasons a CHECK of an adopted store must let through (docs/operations.md)."""
         adoption = OPERATIONS.split("a CHECK of yours on `memories` refuses a row", 1)[1]
         assert f"`{reason}`" in adoption.split("\n- ", 1)[0]
+
+
+def modules() -> list[str]:
+    found = [*(ROOT / "gc_worker").glob("*.py"), *(ROOT / "gc_worker" / "llm").glob("*.py"),
+             *(ROOT / "jobs").glob("*.py")]  # fmt: skip
+    return sorted(str(p.relative_to(ROOT)) for p in found if p.name != "__init__.py")
+
+
+class TestModuleMap:
+    def test_every_module_is_in_where_the_code_is(self):
+        """docs/architecture.md's "Where the code is" names every module of the worker."""
+        section = ARCHITECTURE.split("## Where the code is", 1)[1].split("\n## ", 1)[0]
+        named = set()
+        for cell in re.findall(r"^\| ([^|]+) \|", section, re.MULTILINE):
+            spans = re.findall(r"`([^`]+)`", cell)
+            folder = spans[0].rsplit("/", 1)[0] if spans and "/" in spans[0] else ""
+            named |= {span if "/" in span else f"{folder}/{span}" for span in spans}
+        assert [module for module in modules() if module not in named] == []
