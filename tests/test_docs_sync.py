@@ -139,3 +139,44 @@ class TestModuleMap:
             folder = spans[0].rsplit("/", 1)[0] if spans and "/" in spans[0] else ""
             named |= {span if "/" in span else f"{folder}/{span}" for span in spans}
         assert [module for module in modules() if module not in named] == []
+
+
+def columns(engine, table: str) -> set[str]:
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = %s",
+            (table,),
+        )
+        return {row.column_name for row in rows}
+
+
+def documented_columns(text: str, header: str) -> set[str]:
+    """The column names a doc's table lists: every code span, or bare name, of its first cells
+    (``a, b`` and ``a / b`` name two)."""
+    names = set()
+    for cell in table_rows(text, header):
+        names |= set(re.findall(r"[a-z_]+", cell))
+    return names
+
+
+class TestTables:
+    def test_the_contract_columns_of_memories(self, engine):
+        """DESIGN.md section 2 lists every column `migrate` gives `memories`."""
+        design = (ROOT / "docs" / "design.md").read_text()
+        assert documented_columns(design, "| column | type | meaning |") == columns(
+            engine, "memories"
+        )
+
+    def test_the_sweep_request_columns(self, engine):
+        """docs/operations.md's gc_sweep_requests table lists every column it has."""
+        sweeps = OPERATIONS.split("INSERT INTO gc_sweep_requests", 1)[1]
+        assert documented_columns(sweeps, "| column | meaning |") == columns(
+            engine, "gc_sweep_requests"
+        )
+
+    def test_the_erasure_request_columns(self, engine):
+        """docs/erasure.md's gc_erasure_requests table lists every column it has."""
+        erasure = (ROOT / "docs" / "erasure.md").read_text()
+        assert documented_columns(erasure, "| column | meaning |") == columns(
+            engine, "gc_erasure_requests"
+        )
