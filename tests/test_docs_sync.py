@@ -14,6 +14,7 @@ from gc_worker.adoption_probes import STATUS_WRITES
 from gc_worker.cli import build_parser
 from gc_worker.config import ScheduleSettings
 from gc_worker.metrics import UNITS, Metrics
+from tests.store import add, days_ago, run
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -180,3 +181,15 @@ class TestTables:
         assert documented_columns(erasure, "| column | meaning |") == columns(
             engine, "gc_erasure_requests"
         )
+
+
+class TestReportKeys:
+    def test_every_key_of_the_json_report_is_named_in_the_readme(self, engine, settings):
+        """Each top-level key of a run's JSON report, and each job counter, is named in
+        README.md's account of the report (beyond DESIGN.md section 5's)."""
+        add(engine, "u1", "expired", expires_at=days_ago(1))
+        report = run(engine, settings, jobs=["ttl_expiry", "decay"])
+        design = (ROOT / "docs" / "design.md").read_text().split("## 5.", 1)[1].split("## 6.")[0]
+        readme = README.split("**Reports.**", 1)[1].split("\n\n", 1)[0]
+        named = set(re.findall(r'"([a-z_]+)":', design)) | set(re.findall(r"`([a-z_]+)`", readme))
+        assert [key for key in [*report, *report["jobs"]["decay"]] if key not in named] == []
