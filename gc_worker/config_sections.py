@@ -144,6 +144,7 @@ class UserCapSettings(JobSection):
     fallback_to_evict: bool = False
     max_summary_depth: int = Field(1, ge=0, le=10)
     max_summary_rows: int = Field(20, ge=2, le=1000)
+    max_summaries_per_user: int = Field(10, ge=1, le=1000)
 
 
 class HardDeleteSettings(JobSection):

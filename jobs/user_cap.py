@@ -5,25 +5,29 @@ Options (``[user_cap]``):
     overflow = "evict"     or "summarize": fold the evicted rows into one summary first
     fallback_to_evict = false   with "summarize": evict anyway when the LLM can't summarise
     max_summary_depth = 1  a summary is not folded into a summary-of-summaries beyond this
-    max_summary_rows = 20  rows one summary folds at most (the most valuable of those taken;
-                           the rest wait for the next run, or with the fallback are evicted)
+    max_summary_rows = 20  rows one summary folds at most
+    max_summaries_per_user = 10  summaries (chunks) one user gets in one run at most; when they
+                           cannot bring the user to the cap the least valuable rows wait for
+                           the next run (or with the fallback are evicted)
 
 Eviction order: lowest importance first (as re-assessed earlier in the run), then least recently
 used (last_accessed_at, else created_at), then oldest, then id. ``overflow = "evict"`` emits
 ``soft_delete`` with reason ``over_cap`` for the ``active - cap`` least valuable unpinned rows.
 
-``overflow = "summarize"``: the summary is one more active row, so the ``active - cap + 1`` least
-valuable rows are taken. Those that may be folded (summary depth < ``max_summary_depth``; an
-ordinary row has depth 0, a summary or merged record the worker made has
+``overflow = "summarize"``: each summary is one more active row, so ``k`` summaries take the
+``active - cap + k`` least valuable rows; the fewest chunks of at most ``max_summary_rows``
+that bring the user to the cap are made, in disjoint runs of consecutive rows, the most
+valuable chunk first (jobs.user_cap_split). Those that may be folded (summary depth <
+``max_summary_depth``; an ordinary row has depth 0, a summary or merged record the worker made has
 ``metadata.summary_depth`` / ``merge_depth`` (the larger counts), one the application wrote with
-memory_type ``summary`` counts as depth 1) are folded by the LLM into one
+memory_type ``summary`` counts as depth 1) are folded by the LLM, chunk by chunk, each into one
 record — ``create_merged`` (memory_type ``summary``, source ``gc_merge``, importance the highest
 among the folded rows (assessed if one of theirs was), ``last_accessed_at`` their latest use
 (``last_accessed_at``, else ``created_at``), ``metadata.summary_depth`` one more than theirs,
 embedding from the embeddings port, else the normalised centroid of the folded rows' non-zero
 embeddings of ``embeddings.dim``, lineage to each)
 and a ``soft_delete`` per folded row (reason ``over_cap_summarized``, superseded_by the summary),
-all in one group. Taken rows that may not be folded are evicted plainly (``over_cap``,
+one group per chunk. Taken rows that may not be folded are evicted plainly (``over_cap``,
 ``details.not_folded`` says why): at the depth limit (a summary is itself subject to the cap, it
 is just not re-summarised past the depth), or a row the open-ended, slotless summary would
 change the reading of (``fold_blocker``: bounded, not yet valid or expired, a slot's value, a
@@ -33,10 +37,14 @@ among the folded rows: no fact outlives its own.
 Summarising needs at least two foldable rows among the taken ones and ``active - cap + 1``
 evictable rows; otherwise (pinned rows leave too little room) eviction is plain, exactly as with
 ``overflow = "evict"``. When the LLM is offline, unavailable, out of budget or its answer is
-invalid: with ``fallback_to_evict`` the rows are evicted plainly (``details.fallback`` says why);
-without it nothing changes for that user, who stays over the cap and is listed as ``deferred``
-(reason ``llm_unavailable`` / ``llm_invalid`` / ``llm_budget``; details.memory_ids = the rows
-that would have been folded, details.over_cap_by).
+invalid for a chunk, the user's later chunks are not asked (the chunks already made stay): with
+``fallback_to_evict`` the least valuable rows not folded are evicted plainly down to the cap
+(``details.fallback`` says why); without it the user stays over the cap and the chunks not made
+are listed as ``deferred`` (reason ``llm_unavailable`` / ``llm_invalid`` / ``llm_budget``;
+details.memory_ids = their rows, details.over_cap_by = how far over the cap the user stays).
+Rows the run's ``max_summaries_per_user`` chunks could not take are listed the same way, reason
+``summary_rows``; a user whose rows changed between the ranking and the fold read gets no
+action but that listing, reason ``rows_changed``.
 """
 
 from __future__ import annotations
@@ -70,28 +78,15 @@ from jobs.user_cap_records import (
     REASON,
     Overflow,
     summary_actions,
-    summary_depth,
     summary_record,
 )
+from jobs.user_cap_records import summary_depth as summary_depth  # (re-exported)
+from jobs.user_cap_split import WAITING, eviction_key, split_overflow
+from jobs.user_cap_split import fold_blocker as fold_blocker  # (re-exported)
 
 log = structlog.get_logger("memory_gc")
 
-SUMMARY_ROWS = 20  # [user_cap] max_summary_rows
-
-
-def eviction_key(row: Any, importance: Mapping) -> tuple:
-    """Effective importance, least recently used, oldest, id; a row ranked by
-    user_cap_candidates keeps PostgreSQL's rank, which tells apart instants Python loads as one
-    (-infinity, BC: gc_worker.db.ExtremeTimestamptzLoader)."""
-    rank = getattr(row, "rank", None)
-    if rank is not None:
-        return (rank,)
-    return (
-        importance.get(row.id, row.importance),
-        row.last_accessed_at or row.created_at,
-        row.created_at,
-        str(row.id),
-    )
+ROWS_CHANGED = "rows_changed"  # a fold row deleted or moved since the ranking read it
 
 
 def choose_evictions(
@@ -128,60 +123,8 @@ def plan_user_cap(
     return actions
 
 
-def fold_blocker(row: Any, max_depth: int) -> str | None:
-    """Why a taken row is evicted plainly instead of folded, or None: at the depth limit, or a
-    row an open-ended summary without slot or declaration cannot carry as the read path shows
-    it (sql/user_cap.sql user_cap_candidates: ``unfoldable``)."""
-    if summary_depth(row) >= max_depth:
-        return "summary_depth"
-    return getattr(row, "unfoldable", None)
-
-
-def split_overflow(
-    user_id: str,
-    rows: Iterable[Any],
-    *,
-    active: int,
-    cap: int,
-    max_depth: int,
-    importance: Mapping | None = None,
-    max_rows: int = SUMMARY_ROWS,
-    fallback: bool = False,
-) -> Overflow:
-    """Which of one user's evictable rows to fold and which to evict (module docstring)."""
-    importance = importance or {}
-    ordered = sorted(rows, key=lambda row: eviction_key(row, importance))
-    excess = max(active - cap, 0)
-    plain = tuple(ordered[:excess])
-    taken = [(row, fold_blocker(row, max_depth)) for row in ordered[: excess + 1]]
-    foldable = [row for row, why in taken if why is None]
-    if excess == 0 or len(ordered) < excess + 1 or len(foldable) < 2:
-        return Overflow(user_id, excess, (), plain, plain)
-    # one summary carries at most max_rows rows (one request a model can read): the most
-    # valuable, so it ranks after the rest, which wait for the next run or, with the
-    # fallback, are evicted plainly
-    fold, rest = tuple(foldable[-max_rows:]), foldable[:-max_rows]
-    if rest and not fallback:
-        # the user stays over the cap: a row ranked after the folded ones is not evicted
-        # while less valuable rows wait (an earlier chunk's summary, at the depth limit)
-        taken = taken[: next(i for i, (row, _) in enumerate(taken) if row is fold[-1])]
-    blocked = [(row, why) for row, why in taken if why is not None]
-    blocked += [(row, "summary_rows") for row in rest] if fallback else []
-    evict = tuple(row for row, _ in blocked)
-    return Overflow(user_id, excess, fold, evict, plain, tuple(why for _, why in blocked))
-
-
 def evictions(rows: Iterable[Any], **details: Any) -> list[Action]:
     return [soft_delete(NAME, row, REASON, **details) for row in rows]
-
-
-def declined(ctx: BatchContext, overflow: Overflow, reason: str) -> list[Action]:
-    """The plan for a user whose summary could not be made (module docstring)."""
-    log.info("user_cap.summary_skipped", user_id=overflow.user_id, reason=reason)
-    if ctx.settings.user_cap.fallback_to_evict:
-        return evictions(overflow.plain, fallback=reason)
-    ids = [row.id for row in overflow.fold]
-    return [deferred(NAME, overflow.user_id, ids, reason, over_cap_by=overflow.excess)]
 
 
 def failure_reason(ctx: BatchContext, exc: Exception) -> str:
@@ -212,45 +155,93 @@ def summary_embedding(
     return centroid_embedding(vectors), "centroid"
 
 
-def plan_overflow(
-    ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any], stop: str | None,
+def fold_chunk(
+    ctx: BatchContext, user_id: str, chunk: Sequence[Any], full: Mapping[UUID, Any],
     refusals: Refusals,
-) -> tuple[list[Action], str | None]:  # fmt: skip
-    """One over-cap user's actions in summarize mode, and why the model is not to be asked
-    again in this batch (unavailable after its retries, budget spent), if so; ``stop``: such a
-    reason from an earlier user — no retry storm against a server that is down (a request
-    refused for its own content, 400/413/422, stops nothing until ``refusals`` says a run of
-    them means the server is down)."""
-    if not overflow.fold:
-        return evictions(overflow.evict), stop
-    if ctx.llm is None or stop is not None:
-        return declined(ctx, overflow, stop or UNAVAILABLE), stop
-    members = [(row.id, full[row.id].content) for row in overflow.fold]
+) -> tuple[list[Action], str | None, bool]:  # fmt: skip
+    """One chunk's summary: (its actions, why none was made, whether the model is not to be
+    asked again in this batch: unavailable after its retries, budget spent — a request refused
+    for its own content, 400/413/422, stops nothing until ``refusals`` says a run of them means
+    the server is down; an invalid answer says nothing of the next user's)."""
+    members = [(row.id, full[row.id].content) for row in chunk]
     ctx.stop_if_asked()
     try:
         # the summary is all that stays once the folded rows are purged: it must carry their facts
         folded = [content for _, content in members]
         text = ctx.llm.summarize(
-            overflow.user_id, members, vet=lambda s: unsupported_reason(s, folded, "summary")
+            user_id, members, vet=lambda s: unsupported_reason(s, folded, "summary")
         )
     except LLMError as exc:
         reason = failure_reason(ctx, exc)
-        # an invalid answer, or this request refused for its content (too long: the user
-        # furthest over the cap), says nothing of the next user's: ask again
         if isinstance(exc, LLMUnavailable):
             down = refusals.down_after(exc)
         else:
             down = reason != INVALID
             if not down:
                 refusals.answered()
-        return declined(ctx, overflow, reason), reason if down else None
+        return [], reason, down
     refusals.answered()
-    embedding, source = summary_embedding(ctx, text, overflow.fold, full)
+    embedding, source = summary_embedding(ctx, text, chunk, full)
     record = summary_record(
-        overflow.fold, full, text=text, embedding=embedding, embedding_source=source,
+        chunk, full, text=text, embedding=embedding, embedding_source=source,
         importance=ctx.scored, now_iso=ctx.now.isoformat(),
     )  # fmt: skip
-    return summary_actions(overflow, record), None
+    return summary_actions(user_id, chunk, record), None, False
+
+
+def plan_overflow(
+    ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any], stop: str | None,
+    refusals: Refusals,
+) -> tuple[list[Action], str | None]:  # fmt: skip
+    """One over-cap user's actions in summarize mode, its chunks folded most valuable first
+    until one cannot be (the rest wait: ``leftovers``); and why the model is not to be asked
+    again in this batch, if so. ``stop``: such a reason from an earlier user — no retry storm
+    against a server that is down."""
+    if not overflow.chunks:
+        return evictions(overflow.evict), stop
+    actions: list[Action] = []
+    made: list[tuple[Any, ...]] = []
+    reason = stop or (UNAVAILABLE if ctx.llm is None else None)
+    for chunk in overflow.chunks:
+        if reason is not None:
+            break
+        planned, reason, down = fold_chunk(ctx, overflow.user_id, chunk, full, refusals)
+        stop = reason if down else stop
+        made += [chunk] if planned else []
+        actions += planned
+    return actions + leftovers(ctx, overflow, made, reason), stop
+
+
+def leftovers(
+    ctx: BatchContext, overflow: Overflow, made: Sequence[Sequence[Any]], reason: str | None
+) -> list[Action]:
+    """After the chunks (``made``: those folded, a prefix): the plain evictions, and what waits,
+    listed as ``deferred`` with how far over the cap the user stays — the chunks not made
+    (``reason``: why) and the rows no chunk could take (summary_rows). With the fallback, a
+    chunk not made means the least valuable rows not folded are evicted down to the cap."""
+    folded = {row.id for chunk in made for row in chunk}
+    shrunk = sum(len(chunk) - 1 for chunk in made)
+    kept_out = list(zip(overflow.evict, overflow.not_folded, strict=True))
+    if reason is not None:
+        log.info("user_cap.summary_skipped", user_id=overflow.user_id, reason=reason,
+                 summaries=len(made))  # fmt: skip
+        if ctx.settings.user_cap.fallback_to_evict:
+            rest = [row for row in overflow.ranked if row.id not in folded]
+            return evictions(rest[: overflow.excess - shrunk], fallback=reason)
+        # the user stays over the cap: a row ranked after the most valuable folded one is not
+        # evicted while less valuable rows wait (none is when nothing was folded)
+        rank = {row.id: i for i, row in enumerate(overflow.ranked)}
+        top = rank[made[0][-1].id] if made else -1
+        kept_out = [(row, why) for row, why in kept_out if rank[row.id] < top]
+    over = overflow.excess - shrunk - len(kept_out)
+    actions = [soft_delete(NAME, row, REASON, not_folded=why) for row, why in kept_out]
+    if reason is not None:
+        unmade = [row.id for chunk in reversed(overflow.chunks[len(made) :]) for row in chunk]
+        actions.append(deferred(NAME, overflow.user_id, unmade, reason, over_cap_by=over))
+    if overflow.waiting:
+        waiting = [row.id for row in overflow.waiting]
+        actions.append(deferred(NAME, overflow.user_id, waiting, WAITING, over_cap_by=over))
+    return actions
 
 
 WORK = "work_user_cap"  # gc_worker.triage: which users have work (sql/triage.sql)
@@ -293,7 +284,8 @@ def plan_summaries(
         split_overflow(
             user_id, grouped[user_id], active=counts[user_id], cap=policy.max_memories,
             max_depth=policy.max_summary_depth, importance=ctx.importance,
-            max_rows=policy.max_summary_rows, fallback=policy.fallback_to_evict,
+            max_rows=policy.max_summary_rows, max_chunks=policy.max_summaries_per_user,
+            fallback=policy.fallback_to_evict,
         )
         for user_id in sorted(counts)
     ]  # fmt: skip
@@ -303,10 +295,16 @@ def plan_summaries(
     stop: str | None = None
     refusals = Refusals()
     for overflow in overflows:
-        if not all(getattr(full.get(r.id), "user_id", None) == r.user_id for r in overflow.fold):
+        still = [
+            r.id for r in overflow.fold if getattr(full.get(r.id), "user_id", None) == r.user_id
+        ]
+        if len(still) < len(overflow.fold):
             # planned before its transaction each read is its own: a row deleted (or moved to
             # another user) since the ranking read it changed the premise; the next run decides
-            log.info("user_cap.summary_skipped", user_id=overflow.user_id, reason="rows_changed")
+            log.info("user_cap.summary_skipped", user_id=overflow.user_id, reason=ROWS_CHANGED)
+            actions.append(
+                deferred(NAME, overflow.user_id, still, ROWS_CHANGED, over_cap_by=overflow.excess)
+            )
             continue
         planned, stop = plan_overflow(ctx, overflow, full, stop, refusals)
         actions += planned
@@ -323,10 +321,12 @@ def plan(ctx: BatchContext) -> list[Action]:
 def _plan_over_cap(ctx: BatchContext, counts: dict[str, int]) -> list[Action]:
     summarize = ctx.settings.user_cap.overflow == "summarize"
     cap = ctx.settings.user_cap.max_memories
+    # k summaries take excess + k rows (jobs.user_cap_split)
+    further = ctx.settings.user_cap.max_summaries_per_user if summarize else 1
     users = sorted(counts)
     params = ctx.params() | {
         "users": users,
-        "take": [counts[u] - cap + 1 for u in users],  # split_overflow looks one row further
+        "take": [counts[u] - cap + further for u in users],
         "reassessed_importance": list(ctx.importance.values()),  # aligned with :reassessed
         "with_metadata": summarize,
         "held": list(ctx.held),  # rows of a conflict left open earlier in this batch

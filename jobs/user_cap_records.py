@@ -1,8 +1,8 @@
 """The records user_cap's summarize mode writes (jobs.user_cap plans when): the summary of the
 rows folded for one over-cap user (``summary_record``: its columns) and its actions
-(``summary_actions``: create_merged, then a soft delete per folded row, as one group; the rows
-not folded are evicted plainly, each saying why). ``summary_depth``: how many summarisations or
-merges deep a row is. ``Overflow``: one over-cap user's split of rows to fold and to evict.
+(``summary_actions``: create_merged, then a soft delete per folded row, as one group).
+``summary_depth``: how many summarisations or merges deep a row is. ``Overflow``: one over-cap
+user's split of rows to fold (in chunks), to evict and to leave waiting.
 """
 
 from __future__ import annotations
@@ -35,15 +35,27 @@ def summary_depth(row: Any) -> int:
 
 @dataclass(frozen=True)
 class Overflow:
-    """One over-cap user's plan: rows to fold into a summary, rows to evict plainly (with why
-    each is not folded)."""
+    """One over-cap user's plan (jobs.user_cap_split): chunks of rows to fold, each into its
+    own summary (the most valuable chunk first), rows to evict plainly (with why each is not
+    folded), rows left waiting for a later run."""
 
     user_id: str
     excess: int
-    fold: tuple[Any, ...]
+    chunks: tuple[tuple[Any, ...], ...]  # each least valuable first
     evict: tuple[Any, ...]
-    plain: tuple[Any, ...]  # what plain eviction takes (the fallback)
+    ranked: tuple[Any, ...]  # the rows it looked at, least valuable first
     not_folded: tuple[str, ...] = ()  # aligned with evict, when there is a fold
+    waiting: tuple[Any, ...] = ()  # foldable rows the run's chunks could not take
+
+    @property
+    def fold(self) -> tuple[Any, ...]:
+        """Every row of the chunks, least valuable first."""
+        return tuple(row for chunk in reversed(self.chunks) for row in chunk)
+
+    @property
+    def plain(self) -> tuple[Any, ...]:
+        """What plain eviction takes (no summary, or the fallback)."""
+        return self.ranked[: self.excess]
 
 
 def summary_record(
@@ -86,19 +98,20 @@ def summary_record(
     }
 
 
-def summary_actions(overflow: Overflow, record: Mapping[str, Any]) -> list[Action]:
-    """create_merged for the summary, then a soft delete per folded row, as one group."""
+def summary_actions(user_id: str, fold: Sequence[Any], record: Mapping[str, Any]) -> list[Action]:
+    """create_merged for the summary of ``fold``, then a soft delete per folded row, as one
+    group."""
     summary_id = uuid4()
     group = f"summary:{summary_id}"
     create = Action(
         job=NAME,
         action=Kind.CREATE_MERGED,
-        user_id=overflow.user_id,
+        user_id=user_id,
         reason=SUMMARIZED,
         memory_id=summary_id,
         details={
             "record": dict(record),
-            "sources": [str(row.id) for row in overflow.fold],
+            "sources": [str(row.id) for row in fold],
             "summary_depth": record["metadata"]["summary_depth"],
         },
         preview=record["content"][:200],
@@ -106,10 +119,6 @@ def summary_actions(overflow: Overflow, record: Mapping[str, Any]) -> list[Actio
     )
     folded = [
         replace(soft_delete(NAME, row, SUMMARIZED, superseded_by=str(summary_id)), group=group)
-        for row in overflow.fold
+        for row in fold
     ]
-    kept_out = [
-        soft_delete(NAME, row, REASON, not_folded=why)
-        for row, why in zip(overflow.evict, overflow.not_folded, strict=True)
-    ]
-    return [create, *folded, *kept_out]
+    return [create, *folded]

@@ -1,7 +1,8 @@
 """user_cap in summarize mode for a user far over the cap: a summary folds at most
-``max_summary_rows`` rows, so the overflow is summarised in bounded chunks over successive
-runs instead of one request no model can answer (docs/importance-and-caps.md, "Far over the
-cap"). The LLM is faked at the HTTP boundary only."""
+``max_summary_rows`` rows, so the overflow is summarised in bounded chunks instead of one
+request no model can answer (docs/importance-and-caps.md, "Far over the cap"). These tests
+make one chunk a run (``max_summaries_per_user = 1``); several a run:
+tests/test_user_cap_many_chunks.py. The LLM is faked at the HTTP boundary only."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ class TestFarOverTheCap:
         request the model can read), 19 fewer rows a run, until the user is at the cap; no
         row is evicted unsummarised."""
         seed_many(engine, 50)
-        settings = chunked(10, max_summary_depth=3)
+        settings = chunked(10, max_summary_depth=3, max_summaries_per_user=1)
         replies = [small_context_model] * 6
         llm, server = make_llm(settings, *replies)
         counts = []
@@ -72,7 +73,7 @@ class TestFarOverTheCap:
         waiting rows and one more: that one, the first summary, is not evicted plainly while
         less valuable rows stay."""
         seed_many(engine, 50)
-        settings = chunked(10)
+        settings = chunked(10, max_summaries_per_user=1)
         llm, _ = make_llm(settings, *[small_context_model] * 4)
         for night in range(2):
             run(engine, settings, jobs=["user_cap"], llm=llm, now=NOW + timedelta(days=night))
@@ -88,7 +89,7 @@ class TestFarOverTheCap:
         rows of the overflow fold, the others are evicted plainly (not_folded =
         summary_rows)."""
         seed_many(engine, 50)
-        settings = chunked(10, fallback_to_evict=True)
+        settings = chunked(10, fallback_to_evict=True, max_summaries_per_user=1)
         llm, _ = make_llm(settings, *[small_context_model] * 2)
         report = run(engine, settings, jobs=["user_cap"], llm=llm)
         assert active(engine) == 10

@@ -72,7 +72,9 @@ class TestRowsGoneWhilePlanning:
     ):
         """Planned before its transaction every read is its own: a row the application deletes
         between the candidates and the fold rows' read made the batch fail (KeyError); the
-        user is left for the next run, no model asked."""
+        user is left for the next run, no model asked — and listed as deferred (rows_changed,
+        the rows still theirs), not only logged: the report showed nothing of a user left
+        over the cap."""
         low, mid, _ = seed(engine, 1, 2, 5)
         settings = cap_settings(2)
         llm, server = make_llm(settings, *summary_replies())
@@ -86,7 +88,9 @@ class TestRowsGoneWhilePlanning:
             }  # fmt: skip
             rows = conn.execute(q("user_cap_candidates"), params).all()
             execute(engine, "DELETE FROM memories WHERE id = :id", id=mid)
-            assert user_cap.plan_summaries(ctx, rows, counts) == []
+            [listing] = user_cap.plan_summaries(ctx, rows, counts)
+        assert (listing.action.value, listing.reason) == ("deferred", "rows_changed")
+        assert listing.details == {"memory_ids": [str(low)], "over_cap_by": 1}
         assert server.requests == []
         assert get(engine, low)["status"] == "active"
 
