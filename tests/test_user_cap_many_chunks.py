@@ -144,6 +144,22 @@ class TestSeveralChunksInOneRun:
         after = snapshot(engine)
         assert {m: after[m]["status"] for m in before} == {m: "active" for m in before}
 
+    def test_a_drifted_row_cancels_its_chunk_only(self, engine, make_llm):
+        """A row of one chunk read by the application between plan and apply: that chunk's
+        summary and folds drift, the other chunks are applied."""
+        seed_many(engine, 50)
+        settings = settings_for(10)
+        llm, _ = make_llm(settings, *[small_context_model] * 6)
+        plan = run(engine, settings, jobs=["user_cap"], dry_run=True, llm=llm)
+        create = next(a for a in plan["actions"] if a["action"] == "create_merged")
+        touched = create["details"]["sources"][0]
+        execute(engine, "UPDATE memories SET access_count = 1 WHERE id = :id", id=touched)
+        gc_engine.apply_plan(engine, UUID(plan["run_id"]), llm=llm)
+        made = {str(s["id"]) for s in summaries(engine)}
+        assert create["memory_id"] not in made and len(made) == 2
+        assert get(engine, UUID(touched))["status"] == "active"
+        assert active(engine) == 10 + len(create["details"]["sources"]) - 1
+
 
 class TestStoppedBetweenChunks:
     def test_a_spent_budget_stops_the_chunks_the_rest_wait(self, engine, make_llm):
