@@ -179,10 +179,14 @@ def _verification(conn: Connection, user_id: str | None, memory_id: UUID | None)
         target = f"user {user_id!r}" if user_id is not None else f"memory {memory_id}"
         hint = f"forget-user {user_id}" if user_id is not None else f"forget {memory_id}"
         raise NotFoundError(f"no erasure request for {target}; file one with `memory-gc {hint}`")
+    # a memory's check is its memory requests': a forget-user that erased the row too (its id
+    # on the tombstone) would widen it to every row of the user, and a clean result would set
+    # the user request's verified_at without the user's own check
+    covered = [r for r in requests if user_id is not None or r["kind"] == "memory"]
     result = Verification(
         target=f"user {user_id}" if user_id is not None else f"memory {memory_id}",
         user_id=requests[0]["user_id"],
-        request_ids=[r["id"] for r in requests],
+        request_ids=[r["id"] for r in covered],
         owners=list(dict.fromkeys(r["user_id"] for r in requests)),
     )
     result.residues += [

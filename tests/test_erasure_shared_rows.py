@@ -138,3 +138,25 @@ class TestMigration0019:
             " WHERE table_name = 'gc_erasure_tombstones' AND column_name = 'request_ids'"
         )
         check_round_trip(empty_database_url, "0019", "0018", count, 1)
+
+
+class TestAUserRequestDoesNotWidenAMemoryCheck:
+    @pytest.mark.parametrize("also_forget_memory", [False, True])
+    def test_verify_memory_reads_that_memory_only(self, engine, settings, also_forget_memory):
+        """forget-user u1 (and forget M, one run): M's tombstone names the user request too.
+        `verify --memory M` still looks for M's erasure only — not at the user's other erased
+        row N — and leaves the user request's verification (and verified_at) alone."""
+        m = add(engine, "u1", "Lives in Quokkaville")
+        add(engine, "u1", "Works at the zoo")  # N
+        if also_forget_memory:
+            forget(engine, settings, m)
+        with engine.begin() as conn:
+            erasure.file_request(conn, user_id="u1")
+        run(engine, settings, jobs=["erasure"])
+        result = verify(engine, now=NOW, memory_id=m)
+        rows = {r.row for r in result.residues if r.table == "memories"}
+        assert rows == {str(m)}  # M erased, not purged yet; N is not M's
+        kinds = {r["kind"]: r for r in execute(engine, "SELECT * FROM gc_erasure_requests")
+                 .mappings()}  # fmt: skip
+        assert "verification" not in kinds["user"]["result"]
+        assert kinds["user"]["verified_at"] is None
