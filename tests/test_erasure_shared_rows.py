@@ -160,3 +160,61 @@ class TestAUserRequestDoesNotWidenAMemoryCheck:
                  .mappings()}  # fmt: skip
         assert "verification" not in kinds["user"]["result"]
         assert kinds["user"]["verified_at"] is None
+
+
+def plan_nodes(node: dict) -> list[dict]:
+    return [node, *(n for child in node.get("Plans", ()) for n in plan_nodes(child))]
+
+
+def test_migration_0019_reads_the_audit_in_linear_time(empty_database_url):
+    """The backfill reads each audit row about once, not once per tombstone: per tombstone it
+    intersected the user's audit rows (gc_actions_user_idx) with the memory's, so a forgotten
+    user with 50,000 tombstones and 250,000 audit rows took 6 minutes (quadratic) under an
+    exclusive lock on the tombstones the request path's check reads."""
+    from alembic import command
+
+    from gc_worker.migration_modules import load
+    from tests.conftest import migrating
+
+    with migrating(empty_database_url) as (cfg, conn):
+        command.upgrade(cfg, "0018")
+        for statement in (
+            f"INSERT INTO gc_runs (id, mode, status, now, jobs, finished_at) VALUES"
+            f" ('{RUN}', 'apply', 'completed', now(), '{{erasure}}', now())",
+            f"INSERT INTO gc_run_batches (run_id, batch_no, users, state)"
+            f" VALUES ('{RUN}', 0, '{{u1}}', 'done')",
+            f"INSERT INTO gc_erasure_requests (id, kind, user_id, status)"
+            f" VALUES ('{REQ_A}', 'user', 'u1', 'completed')",
+            "INSERT INTO gc_actions (run_id, batch_no, seq, job, action, memory_id, user_id,"
+            " reason, row_version, outcome, details)"
+            f" SELECT '{RUN}', 0, g, 'erasure', 'soft_delete', md5(g::text)::uuid, 'u1',"
+            f" 'erasure', 1, 'applied', '{{\"request_ids\": [\"{REQ_A}\"]}}'"
+            " FROM generate_series(1, 40) g",
+            "INSERT INTO gc_erasure_tombstones (user_id, memory_id, content_hash, preview_hash,"
+            f" request_id, reason) SELECT 'u1', md5(g::text)::uuid, 'h' || g, 'p', '{REQ_A}',"
+            " 'erasure' FROM generate_series(1, 40) g",
+            # the rest of the audit: u1's other jobs' (5 rows a memory), and smaller users' (50
+            # rows each): the planner then intersects a user's rows with a memory's
+            "INSERT INTO gc_actions (run_id, batch_no, seq, job, action, memory_id, user_id,"
+            " reason, row_version, outcome)"
+            f" SELECT '{RUN}', 0, 100 + g, 'decay', 'soft_delete',"
+            " md5(CASE WHEN g <= 200 THEN 1 + g % 40 ELSE 1000 + g % 1000 END::text)::uuid,"
+            " CASE WHEN g <= 200 THEN 'u1' ELSE 'v' || (g % 100) END, 'decayed', 1, 'applied'"
+            " FROM generate_series(1, 5200) g",
+            "ANALYZE",
+        ):
+            conn.exec_driver_sql(statement.replace("%", "%%"))
+        migration = load("0019_tombstone_requests.py")
+        conn.exec_driver_sql(migration.ADD)
+        [[plan]] = conn.exec_driver_sql(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + migration.BACKFILL.replace("%", "%%")
+        ).all()
+        read = sum(
+            n["Actual Rows"] * n["Actual Loops"]
+            for n in plan_nodes(plan[0]["Plan"])
+            if n.get("Relation Name") == "gc_actions"
+            or n.get("Index Name", "").startswith("gc_actions")
+        )
+        assert read <= 3 * 40  # linear: not u1's 240 audit rows for each of 40 tombstones
+        rows = conn.exec_driver_sql("SELECT DISTINCT request_ids FROM gc_erasure_tombstones")
+        assert [r[0] for r in rows] == [[UUID(REQ_A)]]
