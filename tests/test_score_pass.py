@@ -5,9 +5,7 @@ runs have one; rows the application holds, failed batches, a stop, an error, an 
 from __future__ import annotations
 
 import contextlib
-import signal
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -15,7 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gc_worker import batch_run, score_pass
+from gc_worker import batch_run, run_workers, score_pass
 from gc_worker import engine as gc_engine
 from gc_worker.config import Settings
 from gc_worker.errors import RunFailed, StatementFailed
@@ -25,6 +23,7 @@ from gc_worker.render_html import render_html
 from gc_worker.report import build_report
 from jobs import decay
 from tests.conftest import check_round_trip
+from tests.interrupts import ctrl_c
 from tests.seeding import (
     INSERT,
     end_state,
@@ -336,28 +335,35 @@ class TestTheRunAroundThePass:
         seed(engine, store(users=USERS[:4], padding=6))
         monkeypatch.setattr(score_pass, "PAGES", 1)
         main, real_commit, started = threading.main_thread(), batch_run._commit_batch, []
-        real_range = score_pass._refresh_range
+        real_range, real_wait = score_pass._refresh_range, run_workers._HelperThreads.wait
+        helper_claimed, caller_waits, caller_interrupted = (threading.Event() for _ in range(3))
 
         def helper_interrupts(eng: Any, run_: Any, batch_no: int, *args: Any) -> Any:
-            if threading.current_thread() is not main:
-                # the caller's batch is done and it waits for this helper: Ctrl-C then
-                deadline = time.monotonic() + 10
-                while execute(eng, "SELECT count(*) FROM gc_run_batches"
-                                   " WHERE state = 'done'").scalar_one() < 1:  # fmt: skip
-                    assert time.monotonic() < deadline
-                    time.sleep(0.02)
-                time.sleep(0.2)
-                signal.pthread_kill(main.ident, signal.SIGINT)
-                time.sleep(0.2)
+            if threading.current_thread() is main:
+                # a loaded machine may start the helper late: the caller would take both batches
+                assert helper_claimed.wait(30)
+            else:
+                helper_claimed.set()
+                # the caller's batch is done and it waits for this helper: Ctrl-C then, and this
+                # batch completes the run only once the caller has taken the interrupt
+                assert caller_waits.wait(30)
+                assert interrupt.send()
+                assert caller_interrupted.wait(30)
             return real_commit(eng, run_, batch_no, *args)
 
+        def wait(threads: Any) -> None:  # the caller's: the first, then again after Ctrl-C
+            (caller_interrupted if caller_waits.is_set() else caller_waits).set()
+            real_wait(threads)
+
+        monkeypatch.setattr(run_workers._HelperThreads, "wait", wait)
         monkeypatch.setattr(batch_run, "_commit_batch", helper_interrupts)
         monkeypatch.setattr(
             score_pass, "_refresh_range", lambda *a: started.append(a[1]) or real_range(*a)
         )
         run_id = gc_engine.start_run(engine, SETTINGS, request())
-        with contextlib.suppress(KeyboardInterrupt):
+        with ctrl_c() as interrupt, contextlib.suppress(KeyboardInterrupt):
             gc_engine.process_run(engine, run_id, SETTINGS)
+        assert caller_interrupted.is_set()  # Ctrl-C landed while the caller waited
         row_ = execute(engine, "SELECT status, score_pass FROM gc_runs").one()
         assert row_.status == "completed"  # the helper's batch closed it
         assert started == [] and row_.score_pass == "stopped"

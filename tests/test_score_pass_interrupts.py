@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import signal
 import threading
-import time
 from typing import Any
 
 import pytest
 
 from gc_worker import score_pass
+from tests.interrupts import ctrl_c
 from tests.seeding import seed
 from tests.store import execute, run
 from tests.test_score_pass import SETTINGS, store
@@ -26,26 +25,28 @@ class TestInterrupts:
         seed(engine, store(padding=6))
         monkeypatch.setattr(score_pass, "PAGES", 1)
         main = threading.main_thread()
-        waiting, helper_done = threading.Event(), threading.Event()
-        real_range, real_join = score_pass._refresh_range, score_pass._join
+        in_range, waiting = threading.Event(), threading.Event()
+        real_range, real_join, stops = score_pass._refresh_range, score_pass._join, []
 
         def slow_helper(*args: Any) -> int:
-            if threading.current_thread() is main or helper_done.is_set():
-                return real_range(*args)
-            helper_done.set()  # the helper's first range: held until the caller waits for it
-            assert waiting.wait(30)
-            time.sleep(0.2)
-            signal.pthread_kill(main.ident, signal.SIGINT)
-            time.sleep(0.2)
+            if threading.current_thread() is main:
+                # a loaded machine may start the helper late: the caller would take every range
+                assert in_range.wait(30)
+            elif not in_range.is_set():
+                in_range.set()  # the helper's first range: held until the caller waits for it
+                assert waiting.wait(30)
+                assert interrupt.send()
+                assert stops[0].wait(30)  # the caller took the interrupt: it stops the helpers
             return real_range(*args)
 
         def join(*args: Any) -> None:
+            stops.append(args[2])  # (thread, done, stop)
             waiting.set()
             real_join(*args)
 
         monkeypatch.setattr(score_pass, "_refresh_range", slow_helper)
         monkeypatch.setattr(score_pass, "_join", join)
-        with pytest.raises(KeyboardInterrupt):
+        with ctrl_c() as interrupt, pytest.raises(KeyboardInterrupt):
             run(engine, SETTINGS)
         alive = [t.name for t in threading.enumerate() if t.name.startswith("memory-gc-scores")]
         assert alive == []
