@@ -9,7 +9,6 @@ the run resumable; the model budget is the run's, not each thread's.
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from typing import Any
@@ -25,6 +24,7 @@ from gc_worker.engine import RunRequest, resolve_jobs, start_run
 from gc_worker.errors import DatabaseUnavailable, WriteConflict
 from gc_worker.report import build_report
 from tests.fake_model import FakeModel, fake_port
+from tests.interrupts import CtrlC, ctrl_c
 from tests.seeding import end_state, lifecycle_rows, seed, state_diff
 from tests.store import NOW, run
 from tests.test_faults import (  # noqa: F401  (fixtures)
@@ -144,15 +144,20 @@ def test_a_participant_that_loses_the_database_leaves_the_run_to_the_other(
     """The helper's every commit fails (its connection keeps conflicting); it gives up, leaves
     the run to the caller's thread, which takes its batch up: the run completes, whole."""
     ids = seed_both(engine, twin, rows())
-    real_commit = batch_run._commit_batch
+    real_commit, helper_tried = batch_run._commit_batch, threading.Event()
 
     def commit(*args: Any, **kwargs: Any) -> Any:
         if threading.current_thread().name.startswith(HELPER):
+            helper_tried.set()
             raise WriteConflict("deadlock detected (40P01); rolled back whole")
         return real_commit(*args, **kwargs)
 
+    def hook(name: str) -> None:  # the helper has a batch before the caller can take them all
+        if name == "MainThread":
+            assert helper_tried.wait(30)
+
     monkeypatch.setattr(batch_run, "_commit_batch", commit)
-    planning_threads(monkeypatch, hook=lambda n: time.sleep(0.2 if n == "MainThread" else 0))
+    planning_threads(monkeypatch, hook=hook)
     request = RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], PARALLEL))
     run_id = start_run(engine, PARALLEL, request)
     assert gc_engine.process_run(engine, run_id, PARALLEL) is True
@@ -203,16 +208,22 @@ def test_an_interrupt_stops_the_helpers_after_their_batch(engine, twin, monkeypa
     and the run stays `running` with its other batches pending — the next process takes it up
     and ends where an undisturbed run ends."""
     ids = seed_both(engine, twin, rows())
-    helper_in_batch = threading.Event()
+    helper_in_batch, caller_waits = threading.Event(), threading.Event()
+    real_wait = run_workers._HelperThreads.wait
 
     def hook(name: str) -> None:
         if name == "MainThread":
             assert helper_in_batch.wait(30)  # a loaded machine may start the helper late
             raise KeyboardInterrupt
         helper_in_batch.set()
-        time.sleep(0.3)
+        assert caller_waits.wait(30)  # still in its batch when the caller is interrupted
+
+    def wait(threads: Any) -> None:
+        caller_waits.set()  # the caller was interrupted: the helpers are told to stop
+        real_wait(threads)
 
     planning_threads(monkeypatch, hook=hook)
+    monkeypatch.setattr(run_workers._HelperThreads, "wait", wait)
     request = RunRequest(mode="apply", now=NOW, jobs=resolve_jobs([], PARALLEL))
     run_id = start_run(engine, PARALLEL, request)
     with pytest.raises(KeyboardInterrupt):
@@ -244,50 +255,46 @@ def test_the_model_budget_is_the_runs_not_each_threads(engine):  # noqa: F811
     assert deferred > 0  # the rest waits for the next run, and says so
 
 
-def interrupt_while_the_caller_waits(monkeypatch) -> tuple[threading.Thread, threading.Event]:
-    """Slow every helper batch (3 s) and send SIGINT to the main thread once the caller's thread
-    has run out of batches and waits for a helper's slow one. The signal is sent only while a
-    helper is inside its slow batch (checked under the lock the helper takes to leave it), so the
-    run cannot have returned: a late signal could otherwise land in whatever test runs next on
-    this process (it did once: an xdist worker was interrupted). Returns the (started) sender
-    and an Event set once the signal was sent."""
+def interrupt_while_the_caller_waits(
+    monkeypatch, interrupt: CtrlC
+) -> tuple[threading.Thread, threading.Event]:
+    """Hold the helper's first batch and send Ctrl-C to the main thread once the caller's thread
+    has run out of batches and waits for the helper; the helper's batch goes on once the caller
+    has taken the interrupt. The signal is sent only while the helper holds its batch (checked
+    under the lock the helper takes to leave it), so the run cannot have returned: a late signal
+    could otherwise land in whatever test runs next on this process (it did once: an xdist
+    worker was interrupted). Returns the (started) sender and an Event set once the caller took
+    the signal."""
     gate = threading.Lock()
     sent = threading.Event()
-    helper_busy = threading.Event()
-    caller_waits = threading.Event()
-
-    caller_started = threading.Event()
+    helper_in, holding = threading.Event(), threading.Event()
+    caller_waits, caller_interrupted = threading.Event(), threading.Event()
 
     def hook(name: str) -> None:
-        if name.startswith(HELPER):
-            helper_busy.set()
-            time.sleep(3.0)
+        if name.startswith(HELPER) and not helper_in.is_set():
+            holding.set()
+            helper_in.set()
+            caller_interrupted.wait(30)
             with gate:
-                helper_busy.clear()
-        elif not caller_started.is_set():  # a loaded machine may start the helper late: the
-            caller_started.set()  # caller waits for it in its first batch, or it could take
-            helper_busy.wait(30)  # every batch and nobody would be left to wait for
+                holding.clear()
+        elif name == "MainThread":  # a loaded machine may start the helper late: the caller
+            helper_in.wait(30)  # waits for it, or it could take every batch and nobody would
+            # be left to wait for
 
     planning_threads(monkeypatch, hook=hook)
-    real_work = run_workers._work_run
+    real_wait = run_workers._HelperThreads.wait
 
-    def work_run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return real_work(*args, **kwargs)
-        finally:
-            if threading.current_thread() is threading.main_thread():
-                caller_waits.set()  # out of batches: waiting for the helpers is next
+    def wait(threads: Any) -> None:  # the caller's: the first, then again after Ctrl-C
+        (caller_interrupted if caller_waits.is_set() else caller_waits).set()
+        real_wait(threads)
 
-    monkeypatch.setattr(run_workers, "_work_run", work_run)
-    main = threading.main_thread().ident
+    monkeypatch.setattr(run_workers._HelperThreads, "wait", wait)
 
     def send() -> None:
         if not caller_waits.wait(30):
             return
-        time.sleep(0.2)  # into the wait
         with gate:
-            if helper_busy.is_set():
-                signal.pthread_kill(main, signal.SIGINT)
+            if holding.is_set() and interrupt.send():
                 sent.set()
 
     sender = threading.Thread(target=send, daemon=True)
@@ -302,13 +309,10 @@ def test_an_interrupt_while_waiting_for_the_helpers_stops_them_too(engine, monke
     seed(engine, rows()[: 4 * len(lifecycle_rows("x"))])  # four users, four batches
     request = RunRequest(mode="apply", now=NOW, jobs=("ttl_expiry",))
     run_id = start_run(engine, PARALLEL, request)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        sender, sent = interrupt_while_the_caller_waits(monkeypatch)
+    with ctrl_c() as interrupt:
+        sender, sent = interrupt_while_the_caller_waits(monkeypatch, interrupt)
         completed = gc_engine.process_run(engine, run_id, PARALLEL)
         sender.join()
-    finally:
-        signal.signal(signal.SIGINT, previous)
     assert sent.is_set()  # the interrupt did land while the caller waited
     assert helpers_alive() == []
     assert batch_states(engine, run_id) == ["done"] * 4  # the helper's batch was finished
@@ -329,13 +333,10 @@ def test_a_run_a_helper_completed_during_ctrl_c_gets_its_summary_and_report(
     seed(cli_engine, [r for u in ("user-a", "user-b") for r in lifecycle_rows(u)])
     monkeypatch.setenv("MEMORY_GC_RUN__BATCH_USERS", "1")
     report = tmp_path / "r.json"
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        sender, sent = interrupt_while_the_caller_waits(monkeypatch)
+    with ctrl_c() as interrupt:
+        sender, sent = interrupt_while_the_caller_waits(monkeypatch, interrupt)
         code = main(["run", "--job", "ttl_expiry", "--report", str(report)])
         sender.join()
-    finally:
-        signal.signal(signal.SIGINT, previous)
     assert sent.is_set()  # the interrupt did land while the caller waited
     out, err = capsys.readouterr()
     assert helpers_alive() == []
