@@ -136,7 +136,8 @@ def test_an_answer_sent_a_few_bytes_at_a_time_is_given_up_at_the_timeout():
         started = time.monotonic()
         with pytest.raises(LLMUnavailable):
             port.embed(["a text"])
-        assert time.monotonic() - started < 2.0
+        # the body takes 4.6 s (23 chunks); a loaded machine can add a second to the 0.6 s
+        assert time.monotonic() - started < 3.5
     finally:
         port.close()
         server.shutdown()
