@@ -27,7 +27,12 @@ parts of one user for the same reason are listed once, details.calls = how many)
 
 After an unavailable server or a spent budget, the job's remaining batches (and parts) of this
 user batch are deferred without calling again; so after three refusals in a row, where both
-halves of a refused part refused count as one (a gateway refusing everything).
+halves of a refused part refused count as one (a gateway refusing everything). After an
+isolation in which no question was answered validly (every half failed: a model that answers
+in another schema, or never in strict JSON), the user batch's later batches are asked once
+each and a failed one is deferred whole, as before isolation existed (log
+``importance.isolation_off``): such a model would otherwise cost 11 calls per batch and spend
+the run's call budget before the later jobs are asked anything.
 
 Runs before decay, usage_prune and user_cap, which use the
 new scores in the same run where they are higher than before (a lowered score decides from the
@@ -153,11 +158,21 @@ class Isolation:
     is split again), within ``further_calls``. A part that still fails waits, with its reason;
     a spent budget or a server that is down ends the isolation (module docstring)."""
 
-    def __init__(self, ctx: BatchContext, batch: ScoringBatch, refusals: Refusals) -> None:
+    def __init__(
+        self, ctx: BatchContext, batch: ScoringBatch, refusals: Refusals, *, isolate: bool = True
+    ) -> None:
         self.ctx, self.batch, self.refusals = ctx, batch, refusals
-        self.allowance = further_calls(len(batch.rows))
+        self.allowance = further_calls(len(batch.rows)) if isolate else 0
         self.pairs: deque[tuple[ScoringBatch, ScoringBatch]] = deque()
         self.actions: list[Action] = []
+        self.calls = 0
+        self.answered = False  # some question of it was answered validly
+
+    @property
+    def found_nothing(self) -> bool:
+        """It asked about halves and not one question was answered: the model, not a row,
+        fails (it answers in another schema, or not in strict JSON)."""
+        return self.calls > 1 and not self.answered
 
     def run(self) -> str | None:
         """Ask about the batch; the reason the model is not to be asked again, if so."""
@@ -190,11 +205,13 @@ class Isolation:
     def answer(self, batch: ScoringBatch) -> Failure | None:
         """Ask; record the scores, or return why there are none."""
         answer = ask(self.ctx, batch)
+        self.calls += 1
         if isinstance(answer, Failure):
             if answer.error is not None:  # the server answered: no run of refusals goes on
                 self.refusals.answered()
             return answer
         self.refusals.answered()
+        self.answered = True
         self.actions += score_actions(batch, answer)
         return None
 
@@ -216,17 +233,24 @@ class Isolation:
 
 
 def plan_scoring(ctx: BatchContext, batches: Iterable[ScoringBatch]) -> list[Action]:
-    """Scores per batch; after an unavailable server or a spent budget, defer without asking."""
+    """Scores per batch; after an unavailable server or a spent budget, defer without asking;
+    after an isolation that answered nothing, ask each batch once (module docstring)."""
     actions: list[Action] = []
     stop_reason = UNAVAILABLE if ctx.llm is None else None
-    refusals = Refusals()
+    refusals, isolate = Refusals(), True
     for batch in batches:
         if stop_reason is not None:
             actions.append(defer_batch(batch, stop_reason))
             continue
-        isolation = Isolation(ctx, batch, refusals)
+        isolation = Isolation(ctx, batch, refusals, isolate=isolate)
         stop_reason = isolation.run()
         actions += isolation.actions
+        if isolate and stop_reason is None and isolation.found_nothing:
+            isolate = False
+            log.warning(
+                "importance.isolation_off", user_id=batch.user_id, rows=len(batch.rows),
+                calls=isolation.calls,
+            )  # fmt: skip
     return merge_deferred(actions)
 
 

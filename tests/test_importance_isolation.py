@@ -191,6 +191,53 @@ class TestBounds:
         assert len(deferred) == len(set(deferred)) == 20
 
 
+class TestIsolationOff:
+    def test_an_isolation_that_answers_nothing_turns_isolation_off(self, engine, make_llm):
+        """Every answer rejected: the first batch is isolated (11 calls, nothing answered), so
+        the later batches of the user batch, the same user's and the next user's, are asked
+        once each and deferred whole, and a log line says why."""
+        from structlog.testing import capture_logs
+
+        from gc_worker import logs as gc_logs
+
+        gc_logs.configure("info")  # an earlier test (the demo) may have raised the level
+        seed(engine, 40, 0)
+        seed(engine, 20, 0, user_id="u2")
+        model = AlwaysInvalid()
+        settings = options()
+        with capture_logs() as logs:
+            report = run(engine, settings, jobs=["importance"], llm=make_llm(model, settings))
+        assert model.calls == 1 + 2 * math.ceil(math.log2(20)) + 2
+        whole = [a for a in report["actions"] if len(a["details"]["memory_ids"]) == 20]
+        assert [(a["user_id"], a["reason"]) for a in whole] == [
+            ("u1", "llm_invalid"), ("u2", "llm_invalid")]  # fmt: skip
+        deferred = [i for a in report["actions"] for i in a["details"]["memory_ids"]]
+        assert len(deferred) == len(set(deferred)) == 60
+        [off] = [e for e in logs if e["event"] == "importance.isolation_off"]
+        assert (off["user_id"], off["rows"], off["calls"]) == ("u1", 20, 11)
+
+    def test_an_isolation_that_answers_a_part_keeps_isolation_on(self, engine, make_llm):
+        """One bad row in each of two users' batches: each isolation scores the other rows, so
+        the second batch is isolated too."""
+        good1, _ = seed(engine, 20, 4)
+        good2, bad2 = seed(engine, 20, 15, user_id="u2")
+        model = PoisonedModel(invalid)
+        settings = options()
+        run(engine, settings, jobs=["importance"], llm=make_llm(model, settings))
+        assert all(get(engine, i)["importance"] == 4 for i in [*good1, *good2])
+        assert get(engine, bad2)["importance_assessed_at"] is None
+
+    def test_a_failed_batch_of_one_row_keeps_isolation_on(self, engine, make_llm) -> None:
+        """A user whose only unassessed row is the bad one (no half to ask) says nothing about
+        the model: the next user's batch is still isolated."""
+        seed(engine, 1, 0)
+        good, _ = seed(engine, 20, 9, user_id="u2")
+        model = PoisonedModel(invalid)
+        settings = options()
+        run(engine, settings, jobs=["importance"], llm=make_llm(model, settings))
+        assert all(get(engine, i)["importance"] == 4 for i in good)
+
+
 class AlwaysRefused(PoisonedModel):
     def __init__(self) -> None:
         super().__init__(refused)
