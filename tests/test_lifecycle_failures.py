@@ -271,7 +271,7 @@ class TestRowlessCompletionOnStop:
         thread.start()
         time.sleep(1.5)  # the batch waits for user-0
         stop["asked"] = True  # SIGTERM
-        stopped = done.wait(6)
+        stopped = done.wait(20)  # a hang is forever (until the unlock below): generous
         other.execute(sa.text("SELECT pg_advisory_unlock_all()"))
         other.commit()
         other.close()
