@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from gc_worker.cli import Context, not_ahead, parse_now, parse_uuid, user_id_arg
-from gc_worker.render_text import printable
+from gc_worker.render_text import printable, printable_id
 
 
 def register(sub: Any) -> None:
@@ -72,7 +72,7 @@ def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
     )
     # a user id from the store (`forget MEMORY_ID` files it for the memory's user) is shown,
     # never obeyed: no terminal escape, no line break (render_text.printable)
-    user = printable(request.user_id)
+    user = printable_id(request.user_id)  # shortened if long; _verify_arg keeps it whole
     what = f"user {user}" if request.kind == "user" else f"memory {request.memory_id}"
     if request.status == "completed" and request.created:  # no rows left: traces scrubbed
         gone = "no memories left" if request.kind == "user" else "no memories of its user left"

@@ -17,7 +17,7 @@ from typing import Any
 from gc_worker import reviews
 from gc_worker.cli import Context, not_ahead, parse_now, parse_uuid, positive_int, user_id_arg
 from gc_worker.errors import UsageError
-from gc_worker.render_text import printable
+from gc_worker.render_text import printable, printable_id
 
 
 def register(sub: Any) -> None:
@@ -87,8 +87,9 @@ def cmd_lift(args: argparse.Namespace, ctx: Context) -> int:
     now = _stamp(args.now)
     item = reviews.lift_dismissal(ctx.engine(), review_id, now=now)
     members = ", ".join(str(m) for m in item.memory_ids)
-    print(f"review {item.id} ({printable(item.kind)}, user {printable(item.user_id)}): dismissal "
-          f"lifted; the next run may decide about {members} again")  # fmt: skip
+    user = printable_id(item.user_id)
+    print(f"review {item.id} ({printable(item.kind)}, user {user}): dismissal lifted; "
+          f"the next run may decide about {members} again")  # fmt: skip
     return 0
 
 
@@ -116,7 +117,7 @@ def _describe(item: reviews.ReviewItem, rows: dict[Any, Any]) -> str:
     """The item for a terminal: a store text can neither add lines (a forged member id an
     operator might pass to --keep) nor send control or bidi characters (render_text.printable)."""
     head = (
-        f"#{item.id}  {item.status}  user={printable(item.user_id)}  {printable(item.kind)}  "
+        f"#{item.id}  {item.status}  user={printable_id(item.user_id)}  {printable(item.kind)}  "
         f"reason={printable(item.reason)}  {item.created_at:%Y-%m-%d %H:%M}"
     )
     if item.resolution:

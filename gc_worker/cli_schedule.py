@@ -156,14 +156,14 @@ def _metrics_server(args: argparse.Namespace, daemon: Any) -> Any:
 
 
 def cmd_request_sweep(args: argparse.Namespace, ctx: Context) -> int:
-    from gc_worker.render_text import printable
+    from gc_worker.render_text import printable_id
     from gc_worker.sweeps import queue_sweep
 
     request_id, created = queue_sweep(ctx.engine(), args.user_id, dry_run=args.dry_run)
     kind = "dry-run sweep" if args.dry_run else "sweep"
     state = "queued" if created else "already pending"  # it sweeps what is there when taken
     # the id is the application's (its users may choose it): shown, never a terminal escape
-    print(f"{kind} request {request_id} {state} for user {printable(args.user_id)}; "
+    print(f"{kind} request {request_id} {state} for user {printable_id(args.user_id)}; "
           "a running `memory-gc schedule` picks it up within seconds")  # fmt: skip
     return 0
 

@@ -21,7 +21,8 @@ from gc_worker.render_text import (
     _more_note,
     _preview,
     _short_id,
-    _stored,
+    _user,
+    display_id,
 )
 
 Report = Mapping[str, Any]
@@ -57,7 +58,8 @@ def _header_rows(report: Report) -> list[tuple[str, Any]]:
         *((label, report[key]) for label, key in optional if report.get(key) is not None),
         ("Now", report.get("now")),
         ("Duration", _duration(report)),
-        ("Users", Stored(_limited(scope.get("users"), 10)) if scope.get("users") else "all"),
+        ("Users", Stored(_limited(map(display_id, scope["users"]), 10)) if scope.get("users")
+         else "all"),
         ("Jobs", ", ".join(scope.get("jobs") or []) or "—"),
         *([("Score pass", _score_pass(report["score_pass"]))] if report.get("score_pass") else []),
         *([("History", _pruned(report["history_pruned"]))] if report.get("history_pruned") else []),
@@ -72,7 +74,7 @@ def _failed(batches: list[Mapping[str, Any]]) -> Stored:
     e.g. "batch 1 (1 users: user-1)"."""
     shown = [
         f"batch {b.get('batch_no')} ({len(b.get('users') or ())} users: "
-        f"{_limited(b.get('users') or (), 10)})"
+        f"{_limited(map(display_id, b.get('users') or ()), 10)})"
         for b in batches[:DEFERRED_GROUPS]
     ]
     more = _more_note(max(0, len(batches) - DEFERRED_GROUPS), "batches")
@@ -156,7 +158,7 @@ def _user_rows(report: Report) -> tuple[Rows, int]:
     stats = _per_user(report).items()
     ranked = sorted(stats, key=lambda kv: (-kv[1].get("actions", 0), str(kv[0])))
     rows = [
-        [_stored(user), s.get("actions", 0), _counts_text(s.get("by_action"))] for user, s in ranked
+        [_user(user), s.get("actions", 0), _counts_text(s.get("by_action"))] for user, s in ranked
     ]
     return rows[:TOP_USERS], max(0, len(rows) - TOP_USERS)
 
@@ -182,7 +184,7 @@ def _sample_row(action: Mapping[str, Any]) -> list[Any]:
     details = action.get("details") or {}
     return [
         _short_id(action.get("memory_id")),
-        _stored(action.get("user_id")),
+        _user(action.get("user_id")),
         action.get("reason"),
         _preview(details.get("content")),
         _details_text(details),
@@ -195,7 +197,7 @@ def _drifted_rows(report: Report) -> tuple[Rows, int]:
     rows = [
         [
             _short_id(a.get("memory_id")),
-            _stored(a.get("user_id")),
+            _user(a.get("user_id")),
             a.get("job"),
             _drifted_action(a),
             _drifted_reason(a),
@@ -243,7 +245,7 @@ def _deferred_rows(report: Report) -> tuple[Rows, int]:
     rows = [
         [
             a.get("job"),
-            _stored(a.get("user_id")),
+            _user(a.get("user_id")),
             a.get("reason"),
             _id_list((a.get("details") or {}).get("memory_ids") or []),
         ]

@@ -1,17 +1,22 @@
 """How a report's values become text for people: a text from the store (``Stored``) is shown,
 never interpreted; every value is put on one line with its control and bidi characters shown as
 � (``printable``); numbers get thousands separators, memory ids are shortened to 8 characters,
+user ids longer than USER_ID_CHARS to their start, "…" and a hash (``display_id``),
 contents and detail values are clipped to PREVIEW_CHARS, long lists end "… and N more".
 The Markdown and HTML renderers escape what these return, each for its own format.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 PREVIEW_CHARS = 120
+USER_ID_CHARS = 60  # a longer user id is shown as its first _ID_HEAD characters, "…", a hash
+_ID_HEAD = 48
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 _LIST_KEYS = ("content", "memory_ids")  # details shown in their own columns
@@ -34,6 +39,51 @@ def printable(text: str) -> str:
     return _UNPRINTABLE.sub("\ufffd", " ".join(text.split()))
 
 
+def display_id(user_id: str) -> str:
+    """A user id as people read it: whole up to USER_ID_CHARS characters; a longer one (an
+    application may use 300-character ids) as its first _ID_HEAD characters, cut between
+    characters as shown (``_cluster_cut``), "…" and 8 hex digits of its SHA-256, so that ids
+    with the same start stay apart. Display only: the JSON and the store keep the id whole."""
+    if len(user_id) <= USER_ID_CHARS:
+        return user_id
+    digest = hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{user_id[: _cluster_cut(user_id, _ID_HEAD)]}…{digest}"
+
+
+def printable_id(user_id: str) -> str:
+    """A user id for a terminal line: shortened (``display_id``), then ``printable``."""
+    return printable(display_id(user_id))
+
+
+def _cluster_cut(text: str, at: int) -> int:
+    """The index nearest ``at`` (not after it) that splits no character as shown: not before
+    a combining mark, variation selector, emoji modifier or tag, not beside a zero-width
+    joiner, not between a flag's two regional indicators. Cheap, not full UAX #29."""
+    cut = at
+    while cut > 0 and (_extends(text[cut]) or text[cut - 1] == "\u200d"):
+        cut -= 1
+    if cut > 0 and _is_flag_half(text[cut]):
+        start = cut
+        while start > 0 and _is_flag_half(text[start - 1]):
+            start -= 1
+        cut -= (cut - start) % 2
+    return cut or at  # one cluster longer than the head: cut it all the same
+
+
+def _extends(char: str) -> bool:
+    code = ord(char)
+    return (
+        unicodedata.category(char) in ("Mn", "Me", "Mc")
+        or code == 0x200D
+        or 0x1F3FB <= code <= 0x1F3FF
+        or 0xE0020 <= code <= 0xE007F
+    )
+
+
+def _is_flag_half(char: str) -> bool:
+    return 0x1F1E6 <= ord(char) <= 0x1F1FF
+
+
 def _text(value: Any) -> str:
     if value is None:
         return "—"
@@ -44,6 +94,11 @@ def _text(value: Any) -> str:
 
 def _stored(value: Any) -> Stored | None:
     return None if value is None else Stored(value)
+
+
+def _user(value: Any) -> Stored | None:
+    """A user id for a table or list: shortened if long (``display_id``)."""
+    return None if value is None else Stored(display_id(str(value)))
 
 
 def _counts_text(counts: Mapping[str, int] | None) -> str:
