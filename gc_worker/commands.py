@@ -24,6 +24,7 @@ from gc_worker.cli import (
     write_reports,
 )
 from gc_worker.errors import MemoryGCError, RunFailed, UsageError
+from gc_worker.render_facts import drifted_total
 from gc_worker.report import build_report
 from gc_worker.run_record import load_run, settings_of
 
@@ -212,7 +213,7 @@ def _check_report_path(path: Path, option: str = "--report") -> None:
 
 
 def summary_line(report: dict[str, Any]) -> str:
-    drifted = len(report.get("drifted", []))
+    drifted = drifted_total(report)
     # an apply whose every action drifted had work to do: it was skipped, not absent
     empty = "nothing applied" if drifted else "nothing to do"
     by_action = ", ".join(f"{k} {v}" for k, v in report["totals"]["by_action"].items()) or empty

@@ -205,7 +205,13 @@ def _drifted_rows(report: Report) -> tuple[Rows, int]:
         ]
         for a in drifted[:DEFERRED_GROUPS]
     ]
-    return rows, max(0, len(drifted) - DEFERRED_GROUPS)
+    return rows, max(0, drifted_total(report) - DEFERRED_GROUPS)
+
+
+def drifted_total(report: Report) -> int:
+    """How many rows drifted: ``drifted_count`` where ``drifted`` is a sample (a report built
+    without actions, gc_worker.report), else the listed ones."""
+    return report.get("drifted_count", len(report.get("drifted") or []))
 
 
 def _drifted_action(action: dict[str, Any]) -> Any:
@@ -223,7 +229,7 @@ def _drifted_reason(action: dict[str, Any]) -> Any:
 
 def _empty_totals(report: Report) -> str:
     """What the totals say when nothing was applied (or planned)."""
-    drifted = len(report.get("drifted") or [])
+    drifted = drifted_total(report)
     if drifted and _is_restore(report):
         return NOTHING_RESTORED.format(n=drifted)
     return ALL_DRIFTED.format(n=drifted) if drifted else NOTHING_TO_DO

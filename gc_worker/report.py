@@ -22,19 +22,22 @@ from sqlalchemy.engine import Connection
 
 from gc_worker import render
 from gc_worker.queries import q
+from gc_worker.render_facts import DEFERRED_GROUPS, drifted_total
 from gc_worker.run_record import load_run
 
 REPORT_VERSION = 1
 STREAM = {"stream_results": True, "yield_per": 2000}
 LISTED = ("planned", "applied", "restored")
 LLM_KEYS = ("calls", "input_tokens", "output_tokens", "cache_hits")
+DRIFTED_SAMPLE = DEFERRED_GROUPS  # drifted rows kept without actions: as many as are rendered
 
 
 def build_report(
     conn: Connection, run_id: UUID, *, actions: bool = True,
     plan_age_limit_hours: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The run's report; ``actions=False`` leaves the ``actions`` list empty (counts stay exact),
+    """The run's report; ``actions=False`` leaves the ``actions`` list empty (counts stay exact)
+    and ``drifted`` the first DRIFTED_SAMPLE drifted rows, adding ``drifted_count`` (all of them),
     for callers that only need the totals, so memory does not grow with the number of actions.
     ``plan_age_limit_hours`` (the caller's run.max_plan_age_hours) adds a plan's age against it
     (``plan_age``), so that the report does not suggest an `apply` that would be refused."""
@@ -46,10 +49,12 @@ def build_report(
     by_action: Counter[str] = Counter()
     # streamed (server-side cursor): a run with 100,000s of actions is never held twice
     rows = conn.execute(q("run_actions"), {"run_id": run_id}, execution_options=STREAM)
-    restorable = restored = 0
+    restorable = restored = drifted_count = 0
     for row in rows:
         if row.outcome == "drifted":
-            drifted.append(_action_entry(row))
+            drifted_count += 1
+            if actions or len(drifted) < DRIFTED_SAMPLE:
+                drifted.append(_action_entry(row))
             if run["mode"] == "restore":  # no batch stats: its kept changes count here
                 _count_kept(row, job_rows)
             continue
@@ -97,6 +102,8 @@ def build_report(
         "restored": restored,
         "history_pruned": None,
     }
+    if not actions:  # a sample in "drifted": the count (the full report's JSON shape is kept)
+        report["drifted_count"] = drifted_count
     return _pruned(conn, run, report)
 
 
@@ -108,7 +115,7 @@ def recorded_figures(conn: Connection, run_id: UUID) -> dict[str, Any]:
     its batches and audit rows carry (totals, job counters, LLM usage, failed batches, drifted
     count)."""
     full = build_report(conn, run_id, actions=False)
-    figures = {**{key: full[key] for key in FIGURES}, "drifted": len(full["drifted"])}
+    figures = {**{key: full[key] for key in FIGURES}, "drifted": drifted_total(full)}
     # a failed batch's error may name a memory: kept here, no erasure's scrub would reach it
     # (the run's own error stays in gc_runs.error, which the scrub does reach)
     figures["failed_batches"] = [{**b, "error": None} for b in figures["failed_batches"]]

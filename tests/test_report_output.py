@@ -257,3 +257,34 @@ class TestRestoreRunReport:
         for name, job in report["jobs"].items():
             assert set(job) >= self.CONTRACT_JOB_KEYS, (name, job)
         assert set(report["jobs"]) <= set(report["scope"]["jobs"]), report["scope"]
+
+
+class TestDriftedSample:
+    def test_counts_without_actions_hold_only_a_sample_of_drifted_rows(
+        self, engine, cli_env, capsys
+    ):
+        """build_report(actions=False) (apply's summary line, prune-history's figures) held
+        every drifted row with its content preview: an apply after the application changed
+        100,000 planned rows held them all. It holds DRIFTED_SAMPLE of them and the count;
+        the full report still lists every one."""
+        from gc_worker.report import DRIFTED_SAMPLE, recorded_figures
+
+        n = DRIFTED_SAMPLE + 5
+        for i in range(n):
+            add(engine, "u1", f"expired fact {i}", expires_at=days_ago(1))
+        assert main(["run", "--dry-run", "--job", "ttl_expiry", "--now", NOW_ARG]) == 0
+        plan_id = _run_id(capsys.readouterr().out)
+        execute(engine, "UPDATE memories SET content = content || ' (edited)'")
+        assert main(["apply", plan_id]) == 0
+        out = capsys.readouterr().out
+        assert f"nothing applied; {n} drifted (skipped)" in out, out
+        apply_id = UUID(_run_id(out))
+        with engine.connect() as conn:
+            counts = build_report(conn, apply_id, actions=False)
+            full = build_report(conn, apply_id)
+            figures = recorded_figures(conn, apply_id)
+        assert len(counts["drifted"]) == DRIFTED_SAMPLE and counts["drifted_count"] == n
+        assert len(full["drifted"]) == n and "drifted_count" not in full  # JSON shape kept
+        assert figures["drifted"] == n and summary_line(counts).endswith(f"{n} drifted (skipped)")
+        for fmt in ("md", "html"):  # a sample says how many more, as the full report does
+            assert f"and {n - 20:,} more drifted" in render.render(counts, fmt), fmt
