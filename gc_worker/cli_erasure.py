@@ -123,8 +123,8 @@ def cmd_verify(args: argparse.Namespace, ctx: Context) -> int:
         ctx.engine(), now=now, user_id=args.user_id, memory_id=memory_id,
         all_tables=args.all_tables,
     )  # fmt: skip
-    for residue in result.residues:
-        print(f"residue: {residue.describe()}")
+    for residue in result.residues:  # (`--all-tables`: an application's table, column, id)
+        print(f"residue: {printable(residue.describe())}")
     print(f"verify-erasure {printable(result.target)}: {len(result.residues)} residues "
           f"({result.tables} tables, {result.columns} columns scanned)")  # fmt: skip
     return 0 if result.clean else 1

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from gc_worker import erasure
 from gc_worker.cli import main
 from gc_worker.verify_erasure import verify
-from tests.store import NOW, add, get, run, snapshot, status
+from tests.store import NOW, add, execute, get, run, snapshot, status
 from tests.test_erasure_helpers import (
     cache_decision,
     count,
@@ -196,6 +196,22 @@ class TestCommandLine:
         out = capsys.readouterr().out
         assert "residue: memories.id" in out and "residue: memories.content" in out
         assert "2 residues" in out
+
+    def test_verify_prints_an_application_row_key_safely(self, engine, settings, cli_env, capsys):
+        """`--all-tables` names residues in the application's own tables by their id: an id
+        holding a terminal escape (OSC 0 retitles the window) must not reach the terminal."""
+        add(engine, "u1", "Lives in Quokkaville")
+        execute(engine, "CREATE TABLE app_notes (id text PRIMARY KEY, body text)")
+        execute(engine, "INSERT INTO app_notes VALUES (:id, 'Lives in Quokkaville')",
+                id="note\x1b]0;owned\x07\nresidue: forged")  # fmt: skip
+        assert main(["forget-user", "u1"]) == 0
+        run(engine, settings)
+        capsys.readouterr()
+        assert main(["verify-erasure", "u1", "--all-tables"]) == 1
+        out = capsys.readouterr().out
+        assert "app_notes.body row note" in out
+        assert "\x1b" not in out and "\x07" not in out
+        assert "\nresidue: forged" not in out  # one residue, one line
 
     @pytest.mark.parametrize(
         ("argv", "message"),
