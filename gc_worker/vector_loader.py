@@ -10,8 +10,11 @@ values, so every cosine, group and stored centroid is bit for bit what it was.
 Only a statement that asks for them (execution option ``vector_arrays``) gets arrays: the
 loader is put on that statement's cursor, by the oid of the ``vector`` type of the database the
 connection is on (an adopted store's extension may live in any schema), looked up once per
-connection — never per row — and only once the extension exists (``migrate`` then ``run`` in
-one process). Every other read of a vector column is as it was (text).
+connection checkout — never per row — and only once the extension exists (``migrate`` then
+``run`` in one process). The oid is forgotten when the connection goes back to the pool: a
+``DROP EXTENSION vector; CREATE EXTENSION vector`` gives the type a new one, and a pooled
+connection holding the old one would read text, which every job takes for no embedding.
+Every other read of a vector column is as it was (text).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool import Pool
 
 # the `vector` type of the pgvector extension, whatever schema it was created in
 VECTOR_OID = (
@@ -30,7 +34,7 @@ VECTOR_OID = (
 )
 OPTION = "vector_arrays"  # the execution option asking for numpy arrays
 ARRAYS = {OPTION: True}
-INFO_KEY = "memory_gc_vector_oid"  # in the pooled connection's info, once found
+INFO_KEY = "memory_gc_vector_oid"  # in the pooled connection's info, once found per checkout
 
 
 class EmbeddingLoader(psycopg.adapt.Loader):
@@ -62,3 +66,11 @@ def _on_cursor(conn: Any, cursor: Any, _sql: Any, _params: Any, context: Any, _m
 # every engine (the worker's, a helper thread's, an adopted store's): only statements with the
 # option are touched
 sa.event.listen(Engine, "before_cursor_execute", _on_cursor)
+
+
+def _forget_oid(_dbapi_connection: Any, record: Any) -> None:
+    if record is not None:
+        record.info.pop(INFO_KEY, None)
+
+
+sa.event.listen(Pool, "checkin", _forget_oid)

@@ -82,6 +82,27 @@ class TestLoaderRegistration:
         finally:
             engine.dispose()
 
+    def test_extension_recreated_while_the_connection_is_pooled(self, empty_database_url):
+        """`DROP EXTENSION vector; CREATE EXTENSION vector` gives the type a new oid: a pooled
+        connection that read arrays before reads arrays after (not text, which every job would
+        take for an unusable embedding)."""
+        engine = db.make_engine(empty_database_url)
+        statement = sa.text("SELECT CAST('[1.5,2,0.1]' AS vector) AS e").execution_options(**ARRAYS)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql("CREATE EXTENSION vector")
+            with engine.connect() as conn:
+                assert isinstance(conn.execute(statement).scalar(), np.ndarray)
+            with engine.begin() as conn:
+                conn.exec_driver_sql("DROP EXTENSION vector")
+                conn.exec_driver_sql("CREATE EXTENSION vector")
+            with engine.connect() as conn:
+                value = conn.execute(statement).scalar()
+            assert isinstance(value, np.ndarray)
+            assert bits(value) == bits([1.5, 2.0, 0.1])
+        finally:
+            engine.dispose()
+
 
 class TestPlanRoundTrip:
     def test_an_exact_merge_planned_then_applied_keeps_the_embedding(self, engine, settings):
