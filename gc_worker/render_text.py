@@ -43,11 +43,14 @@ def display_id(user_id: str) -> str:
     """A user id as people read it: whole up to USER_ID_CHARS characters; a longer one (an
     application may use 300-character ids) as its first _ID_HEAD characters, cut between
     characters as shown (``_cluster_cut``), "…" and 8 hex digits of its SHA-256, so that ids
-    with the same start stay apart. Display only: the JSON and the store keep the id whole."""
-    if len(user_id) <= USER_ID_CHARS:
+    with the same start stay apart. An id holding "…" is shown so too, however short: it could
+    be another id's shortened form, posing as that user. Display only: the JSON and the store
+    keep the id whole."""
+    if len(user_id) <= USER_ID_CHARS and "…" not in user_id:
         return user_id
     digest = hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    return f"{user_id[: _cluster_cut(user_id, _ID_HEAD)]}…{digest}"
+    head = user_id if len(user_id) <= _ID_HEAD else user_id[: _cluster_cut(user_id, _ID_HEAD)]
+    return f"{head}…{digest}"
 
 
 def printable_id(user_id: str) -> str:

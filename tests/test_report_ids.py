@@ -60,6 +60,16 @@ class TestDisplayId:
         assert shown == f"{LONG[:48]}…{_digest(LONG)}"
         assert display_id(LONG + "x") != shown
 
+    def test_a_short_id_cannot_pose_as_a_long_ids_display(self) -> None:
+        """An id that is literally another id's shortened form (57 characters, so short enough
+        to be shown whole) would look the same as that user: an id holding "…" is always shown
+        as its start and its own hash."""
+        forged = display_id(LONG)
+        assert len(forged) <= 60
+        assert display_id(forged) != display_id(LONG)
+        assert display_id(forged).endswith(_digest(forged))
+        assert display_id("ann…") == f"ann……{_digest('ann…')}"
+
     @pytest.mark.parametrize("user", [COMBINING, FLAGS], ids=["combining-zwj", "flags"])
     def test_never_cuts_inside_a_character(self, user: str) -> None:
         """The cut falls between what is shown as characters: not before a combining mark,
