@@ -48,10 +48,20 @@ def merge_depth(row: Any) -> int:
     (metadata is any JSON in an adopted store: an array or a string has no depth.)"""
     metadata = row.metadata if isinstance(row.metadata, dict) else {}
     for key in DEPTH_KEYS:
-        value = metadata.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        value = depth_value(metadata.get(key))
+        if value is not None:
             return value
     return 1 if row.source == MERGED_SOURCE or row.memory_type == "summary" else 0
+
+
+def depth_value(value: Any) -> int | None:
+    """A depth read from JSON metadata: a whole number >= 0 — also written as ``2.0`` (JSON has
+    one number type; an application's tooling may rewrite the worker's ``2`` so) — else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None  # (NaN and the infinities are not whole numbers either)
+    return int(value) if value >= 0 else None
 
 
 def mergeable(row: Any, max_merge_depth: int) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from gc_worker.actions import Action, Kind, soft_delete
-from jobs.compaction_records import MERGED_SOURCE, TRUST_SOURCES
+from jobs.compaction_records import MERGED_SOURCE, TRUST_SOURCES, depth_value
 
 NAME = "user_cap"
 REASON = "over_cap"
@@ -26,8 +26,8 @@ def summary_depth(row: Any) -> int:
     """How many summarisations or merges deep a row is (0 for an ordinary memory): a merged
     record already stands for several rows, and folding it would summarise a merge."""
     metadata = row.metadata if isinstance(row.metadata, dict) else {}
-    values = [metadata.get(key) for key in ("summary_depth", "merge_depth")]
-    depths = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+    values = [depth_value(metadata.get(key)) for key in ("summary_depth", "merge_depth")]
+    depths = [v for v in values if v is not None]
     if depths:
         return max(depths)
     return 1 if row.memory_type == SUMMARY_TYPE or row.source == MERGED_SOURCE else 0

@@ -104,6 +104,10 @@ class TestFindGroups:
         assert merge_depth(row("a", E0)) == 0
         assert merge_depth(row("s", E0, memory_type="summary")) == 1
         assert merge_depth(row("s", E0, source="gc_merge", metadata={"summary_depth": 2})) == 2
+        # a depth rewritten as 2.0 by the application's tooling is still 2 (JSON has one number
+        # type); 1.5 is no depth, so the record counts as 1
+        assert merge_depth(row("s", E0, source="gc_merge", metadata={"merge_depth": 2.0})) == 2
+        assert merge_depth(row("s", E0, source="gc_merge", metadata={"merge_depth": 1.5})) == 1
 
 
 class TestExactDuplicates:

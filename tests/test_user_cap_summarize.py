@@ -548,6 +548,13 @@ class TestSplitOverflow:
             ("semantic", {"summary_depth": "deep"}, 0),
             ("semantic", {"merge_depth": 1}, 1),  # a merged record
             ("summary", {"summary_depth": 1, "merge_depth": 2}, 2),
+            # JSON has one number type: tooling that rewrites metadata may turn 2 into 2.0
+            ("summary", {"summary_depth": 2.0}, 2),
+            ("semantic", {"merge_depth": 3.0}, 3),
+            ("semantic", {"summary_depth": 1.5}, 0),
+            ("semantic", {"summary_depth": -1}, 0),
+            ("semantic", {"summary_depth": float("nan")}, 0),
+            ("semantic", {"summary_depth": True}, 0),
         ],
     )
     def test_summary_depth(self, memory_type: str, meta: dict[str, Any], depth: int) -> None:
