@@ -87,6 +87,15 @@ REQ_B = "20000000-0000-0000-0000-00000000000b"
 MEM = "30000000-0000-0000-0000-000000000001"
 
 
+# a completed erasure run of u1 with one done batch, as a 0018 store holds it
+ERASURE_RUN_0018 = (
+    f"INSERT INTO gc_runs (id, mode, status, now, jobs, finished_at) VALUES"
+    f" ('{RUN}', 'apply', 'completed', now(), '{{erasure}}', now())",
+    f"INSERT INTO gc_run_batches (run_id, batch_no, users, state)"
+    f" VALUES ('{RUN}', 0, '{{u1}}', 'done')",
+)
+
+
 class TestMigration0019:
     def test_upgrade_from_0018_keeps_the_tombstones_and_finds_their_requests(
         self, empty_database_url
@@ -100,10 +109,7 @@ class TestMigration0019:
         with migrating(empty_database_url) as (cfg, conn):
             command.upgrade(cfg, "0018")
             for statement in (
-                f"INSERT INTO gc_runs (id, mode, status, now, jobs, finished_at) VALUES"
-                f" ('{RUN}', 'apply', 'completed', now(), '{{erasure}}', now())",
-                f"INSERT INTO gc_run_batches (run_id, batch_no, users, state)"
-                f" VALUES ('{RUN}', 0, '{{u1}}', 'done')",
+                *ERASURE_RUN_0018,
                 f"INSERT INTO gc_erasure_requests (id, kind, user_id, memory_id, status) VALUES"
                 f" ('{REQ_A}', 'memory', 'u1', '{UUID(int=1)}', 'completed'),"
                 f" ('{REQ_B}', 'memory', 'u1', '{UUID(int=2)}', 'completed')",
@@ -179,10 +185,7 @@ def test_migration_0019_reads_the_audit_in_linear_time(empty_database_url):
     with migrating(empty_database_url) as (cfg, conn):
         command.upgrade(cfg, "0018")
         for statement in (
-            f"INSERT INTO gc_runs (id, mode, status, now, jobs, finished_at) VALUES"
-            f" ('{RUN}', 'apply', 'completed', now(), '{{erasure}}', now())",
-            f"INSERT INTO gc_run_batches (run_id, batch_no, users, state)"
-            f" VALUES ('{RUN}', 0, '{{u1}}', 'done')",
+            *ERASURE_RUN_0018,
             f"INSERT INTO gc_erasure_requests (id, kind, user_id, status)"
             f" VALUES ('{REQ_A}', 'user', 'u1', 'completed')",
             "INSERT INTO gc_actions (run_id, batch_no, seq, job, action, memory_id, user_id,"
