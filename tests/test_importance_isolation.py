@@ -144,7 +144,7 @@ class TestBounds:
         seed(engine, 20, 0)
         seed(engine, 20, 0, user_id="u2")
         settings = options()
-        everything = AlwaysRefused()
+        everything = AlwaysFailing(refused)
         report = run(engine, settings, jobs=["importance"], llm=make_llm(everything, settings))
         assert everything.calls == 5
         assert "set_importance" not in report["jobs"]["importance"]["by_action"]
@@ -182,7 +182,7 @@ class TestBounds:
         """Every answer rejected: a batch of 20 costs at most 11 calls, and nothing is
         guessed."""
         seed(engine, 20, 0)
-        model = AlwaysInvalid()
+        model = AlwaysFailing(invalid)
         settings = options()
         report = run(engine, settings, jobs=["importance"], llm=make_llm(model, settings))
         assert model.calls <= 1 + 2 * math.ceil(math.log2(20))
@@ -203,7 +203,7 @@ class TestIsolationOff:
         gc_logs.configure("info")  # an earlier test (the demo) may have raised the level
         seed(engine, 40, 0)
         seed(engine, 20, 0, user_id="u2")
-        model = AlwaysInvalid()
+        model = AlwaysFailing(invalid)
         settings = options()
         with capture_logs() as logs:
             report = run(engine, settings, jobs=["importance"], llm=make_llm(model, settings))
@@ -238,21 +238,13 @@ class TestIsolationOff:
         assert all(get(engine, i)["importance"] == 4 for i in good)
 
 
-class AlwaysRefused(PoisonedModel):
-    def __init__(self) -> None:
-        super().__init__(refused)
+class AlwaysFailing:
+    """Answers every request with ``failure``, counting them."""
+
+    def __init__(self, failure: Callable[[], httpx2.Response]) -> None:
+        self.failure = failure
         self.calls = 0
 
     def __call__(self, request: httpx2.Request) -> httpx2.Response:
         self.calls += 1
-        return refused()
-
-
-class AlwaysInvalid(PoisonedModel):
-    def __init__(self) -> None:
-        super().__init__(invalid)
-        self.calls = 0
-
-    def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        self.calls += 1
-        return invalid()
+        return self.failure()
