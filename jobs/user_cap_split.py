@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gc_worker.config_sections import UserCapSettings
 from jobs.user_cap_records import Overflow, summary_depth
 
-SUMMARY_ROWS = 20  # [user_cap] max_summary_rows
-SUMMARIES = 10  # [user_cap] max_summaries_per_user
+DEFAULTS = UserCapSettings()  # max_summary_rows, max_summaries_per_user: one place
 WAITING = "summary_rows"  # a row the run's chunks could not take
 
 
@@ -86,8 +86,8 @@ def split_overflow(
     cap: int,
     max_depth: int,
     importance: Mapping | None = None,
-    max_rows: int = SUMMARY_ROWS,
-    max_chunks: int = SUMMARIES,
+    max_rows: int = DEFAULTS.max_summary_rows,
+    max_chunks: int = DEFAULTS.max_summaries_per_user,
     fallback: bool = False,
 ) -> Overflow:
     """Which of one user's evictable rows to fold (in chunks), to evict and to leave waiting
