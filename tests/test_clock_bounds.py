@@ -65,6 +65,16 @@ class TestReviewsClock:
         at = (datetime.now(UTC) + timedelta(hours=23, minutes=59)).isoformat()
         assert main(["reviews", "resolve", str(review_id), "--dismiss", "--now", at]) == 0
 
+    def test_a_clock_just_over_a_day_ahead_is_refused(self, engine, settings, cli_env, capsys):
+        """A minute past the day's allowance is refused, as for `run`: nothing changes."""
+        seed_conflict(engine)
+        review_id = queue(engine, settings)
+        before, items = snapshot(engine), review_state(engine)
+        at = (datetime.now(UTC) + timedelta(hours=24, minutes=1)).isoformat()
+        code, err = cli(["reviews", "resolve", str(review_id), "--dismiss", "--now", at], capsys)
+        assert code == 2 and "ahead of this machine's clock" in err, err
+        assert snapshot(engine) == before and review_state(engine) == items
+
 
 class TestVerifyClock:
     @pytest.mark.parametrize("by_memory", [False, True])
@@ -90,3 +100,13 @@ class TestVerifyClock:
         assert main(["verify-erasure", "--memory", str(memory_id), "--now", at.isoformat()]) == 0
         [(verified, _)] = verified_at(engine)
         assert verified == at
+
+    def test_a_clock_just_over_a_day_ahead_is_refused(self, engine, settings, cli_env, capsys):
+        """A minute past the day's allowance: exit 2, nothing recorded."""
+        memory_id = add(engine, "u1", "Lives in Quokkaville")
+        erasure.forget(engine, settings, now=NOW, memory_id=memory_id, purge_now=True)
+        before = verified_at(engine)
+        at = (datetime.now(UTC) + timedelta(hours=24, minutes=1)).isoformat()
+        code, err = cli(["verify-erasure", "--memory", str(memory_id), "--now", at], capsys)
+        assert code == 2 and "ahead of this machine's clock" in err, err
+        assert verified_at(engine) == before
