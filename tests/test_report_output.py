@@ -11,6 +11,8 @@ import resource
 import signal
 from uuid import UUID
 
+import pytest
+
 from gc_worker import render
 from gc_worker.cli import main
 from gc_worker.commands import summary_line
@@ -288,3 +290,21 @@ class TestDriftedSample:
         assert figures["drifted"] == n and summary_line(counts).endswith(f"{n} drifted (skipped)")
         for fmt in ("md", "html"):  # a sample says how many more, as the full report does
             assert f"and {n - 20:,} more drifted" in render.render(counts, fmt), fmt
+
+    @pytest.mark.parametrize("extra", [0, 1])
+    def test_the_sample_boundary(self, engine, cli_env, capsys, extra):
+        """Exactly DRIFTED_SAMPLE drifted rows are all held; one more is counted, not held."""
+        from gc_worker.report import DRIFTED_SAMPLE
+
+        n = DRIFTED_SAMPLE + extra
+        for i in range(n):
+            add(engine, "u1", f"expired fact {i}", expires_at=days_ago(1))
+        assert main(["run", "--dry-run", "--job", "ttl_expiry", "--now", NOW_ARG]) == 0
+        plan_id = _run_id(capsys.readouterr().out)
+        execute(engine, "UPDATE memories SET content = content || ' (edited)'")
+        assert main(["apply", plan_id]) == 0
+        apply_id = UUID(_run_id(capsys.readouterr().out))
+        with engine.connect() as conn:
+            counts = build_report(conn, apply_id, actions=False)
+        assert len(counts["drifted"]) == DRIFTED_SAMPLE and counts["drifted_count"] == n
+        assert ("1 more drifted" in render.render(counts, "md")) is (extra == 1)
