@@ -29,10 +29,11 @@ After an unavailable server or a spent budget, the job's remaining batches (and 
 user batch are deferred without calling again; so after three refusals in a row, where both
 halves of a refused part refused count as one (a gateway refusing everything). After an
 isolation in which no question was answered validly (every half failed: a model that answers
-in another schema, or never in strict JSON), the user batch's later batches are asked once
-each and a failed one is deferred whole, as before isolation existed (log
-``importance.isolation_off``): such a model would otherwise cost 11 calls per batch and spend
-the run's call budget before the later jobs are asked anything.
+in another schema, or never in strict JSON), the run's later batches (every user batch, every
+worker thread: ``LLMBudget.stop_isolating``, forgotten at the next run) are asked once each and
+a failed one is deferred whole, as before isolation existed (log ``importance.isolation_off``,
+once per run): such a model would otherwise cost 11 calls per batch and spend the run's call
+budget before the later jobs are asked anything.
 
 Runs before decay, usage_prune and user_cap, which use the
 new scores in the same run where they are higher than before (a lowered score decides from the
@@ -237,16 +238,18 @@ def plan_scoring(ctx: BatchContext, batches: Iterable[ScoringBatch]) -> list[Act
     after an isolation that answered nothing, ask each batch once (module docstring)."""
     actions: list[Action] = []
     stop_reason = UNAVAILABLE if ctx.llm is None else None
-    refusals, isolate = Refusals(), True
+    refusals = Refusals()
     for batch in batches:
         if stop_reason is not None:
             actions.append(defer_batch(batch, stop_reason))
             continue
+        # the run's, read per batch: another thread may have turned it off meanwhile
+        isolate = ctx.llm.budget.isolating
         isolation = Isolation(ctx, batch, refusals, isolate=isolate)
         stop_reason = isolation.run()
         actions += isolation.actions
-        if isolate and stop_reason is None and isolation.found_nothing:
-            isolate = False
+        found_nothing = isolate and stop_reason is None and isolation.found_nothing
+        if found_nothing and ctx.llm.budget.stop_isolating():
             log.warning(
                 "importance.isolation_off", user_id=batch.user_id, rows=len(batch.rows),
                 calls=isolation.calls,

@@ -238,6 +238,46 @@ class TestIsolationOff:
         assert all(get(engine, i)["importance"] == 4 for i in good)
 
 
+class TestIsolationOffForTheRun:
+    def test_one_isolation_answering_nothing_turns_it_off_in_every_later_batch(
+        self, engine, make_llm
+    ) -> None:
+        """Every answer rejected, one user per batch: the first batch's isolation costs 11
+        calls, and every later batch of the run (each its own user batch) is asked once."""
+        for user in ("u1", "u2", "u3", "u4"):
+            seed(engine, 20, 0, user_id=user)
+        model = AlwaysFailing(invalid)
+        settings = options(run={"batch_users": 1, "workers": 1})
+        report = run(engine, settings, jobs=["importance"], llm=make_llm(model, settings))
+        assert model.calls == 1 + 2 * math.ceil(math.log2(20)) + 3
+        deferred = [i for a in report["actions"] for i in a["details"]["memory_ids"]]
+        assert len(deferred) == len(set(deferred)) == 80
+
+    def test_two_worker_threads_share_the_decision(self, engine, make_llm) -> None:
+        """With two threads working one-user batches, at most the two batches begun at once
+        are isolated; every other batch of the run is asked once."""
+        users = [f"u{n}" for n in range(6)]
+        for user in users:
+            seed(engine, 20, 0, user_id=user)
+        model = AlwaysFailing(invalid)
+        settings = options(run={"batch_users": 1, "workers": 2})
+        run(engine, settings, jobs=["importance"], llm=make_llm(model, settings))
+        assert model.calls <= 2 * (1 + 2 * math.ceil(math.log2(20))) + len(users) - 2
+
+    def test_the_next_run_isolates_again(self, engine, make_llm) -> None:
+        """The decision is the run's: a long-lived port (the daemon's) isolates the first
+        batch of the next run again, then asks the later ones once."""
+        seed(engine, 20, 0)
+        seed(engine, 20, 0, user_id="u2")
+        model = AlwaysFailing(invalid)
+        settings = options(run={"batch_users": 1, "workers": 1})
+        llm = make_llm(model, settings)
+        run(engine, settings, jobs=["importance"], llm=llm)
+        first = model.calls
+        run(engine, settings, jobs=["importance"], llm=llm, now=NOW + timedelta(days=1))
+        assert first == model.calls - first == 1 + 2 * math.ceil(math.log2(20)) + 1
+
+
 class AlwaysFailing:
     """Answers every request with ``failure``, counting them."""
 

@@ -8,6 +8,9 @@
   ``embedding_calls`` and ``deferred_by_budget``.
 
 A fresh budget per run; the counters are guarded by a lock so jobs may share it across threads.
+It also keeps what the run learned about the model that spares calls in every later batch and
+thread, and is forgotten with it at the next run: ``stop_isolating`` (jobs.importance: a model
+that answered no question of an isolation validly is not isolated again).
 Its limits are what was left of the run's when this process joined it; ``shared`` (the run's
 ``RunSpend``, gc_worker.llm_store) is what every process working the run spends, and a call
 it refuses is refused here too: replicas joining a run together share one budget.
@@ -58,6 +61,7 @@ class LLMBudget:
     # the shared spend's refusal, kept: its counts only grow, so it refuses for the rest of the
     # run, and asking again would cost a transaction for each question left
     _shared_refusal: tuple[str, int, int] | None = field(default=None, repr=False, compare=False)
+    _isolating: bool = field(default=True, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _by_thread: dict[int, dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -88,6 +92,18 @@ class LLMBudget:
         if self.max_tokens is not None and self.tokens >= self.max_tokens:
             return "tokens", self.tokens, self.max_tokens
         return None
+
+    @property
+    def isolating(self) -> bool:
+        """Whether a failed importance batch may still be asked again in halves this run."""
+        return self._isolating
+
+    def stop_isolating(self) -> bool:
+        """Ask no batch again in halves for the rest of the run; True for the call that
+        decided it (one log line per run, whichever thread saw it first)."""
+        with self._lock:
+            first, self._isolating = self._isolating, False
+        return first
 
     def record_usage(self, input_tokens: int, output_tokens: int) -> None:
         input_tokens = min(max(0, input_tokens), USAGE_CEILING)
