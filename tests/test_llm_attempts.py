@@ -4,19 +4,25 @@ boundary (MockTransport under the real openai client)."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+
 import httpx2
 import pytest
 from structlog.testing import capture_logs
 
 from gc_worker.config import LLMSettings, Settings, load_settings
 from gc_worker.errors import ConfigError
-from gc_worker.llm import LLMBudgetExhausted, LLMInvalidAnswer, LLMOptions
+from gc_worker.llm import LLMBudgetExhausted, LLMInvalidAnswer, LLMOptions, open_llm
 from gc_worker.llm_store import llm_options
 from tests.conftest import TEST_DIM
-from tests.store import execute, run
+from tests.fake_model import FakeModel, fake_port
+from tests.store import NOW, execute, run
 from tests.test_llm_jobs_http import FakeOpenAI, fixed, merge_all, seed_tea
 from tests.test_llm_port import (
+    BASE_URL,
     GROUP,
+    FakeServer,
     MakePort,
     chat_reply,
     embeddings_reply,
@@ -90,6 +96,60 @@ class TestAttemptsAreCalls:
         port, _ = make_port(error_reply(503), embeddings_reply([[0.1, 0.2]]))
         assert port.embed(["x"]) == [[0.1, 0.2]]
         assert (port.usage()["calls"], port.usage()["embedding_calls"]) == (2, 2)
+
+
+class TestAttemptsAreSignsOfLife:
+    def test_each_attempt_and_each_backoff_is_a_sign_of_life(self) -> None:
+        """A server answering 500 twice, then 200: ``on_request_done`` (the daemon's /healthz
+        progress) is called after each attempt and when each backoff wait ends, not only once
+        the question is answered, so a worker retrying a slow server is not taken for stuck."""
+        events: list[str] = []
+        server = FakeServer([error_reply(500), error_reply(500), chat_reply(merge_answer())])
+
+        def handler(request: httpx2.Request) -> httpx2.Response:
+            events.append("request")
+            return server(request)
+
+        options = LLMOptions(api_key="k", base_url=BASE_URL, max_retries=2)
+        http_client = httpx2.Client(transport=httpx2.MockTransport(handler))
+        port = open_llm(options, http_client=http_client, sleep=lambda _: events.append("wait"))
+        assert port is not None
+        port.on_request_done = lambda: events.append("alive")
+        with port:
+            assert port.merge_group("u1", GROUP).is_duplicate_set
+        retried = ["request", "alive", "wait", "alive"]
+        assert events == [*retried, *retried, "request", "alive"]
+
+    def test_a_sweep_retrying_the_model_keeps_the_daemon_alive(self, engine) -> None:
+        """In a daemon's sweep against a server failing every other request, each request
+        (a retry too) finds a newer sign of life than the one before it."""
+        from gc_worker import sweeps
+        from gc_worker.daemon import Daemon
+
+        seen: list[float] = []
+        model = Flaky(lambda: seen.append(daemon.last_progress))
+        settings = Settings(embeddings={"dim": TEST_DIM})
+        seed_tea(engine)
+        daemon = Daemon(engine, settings, clock=lambda: NOW,
+                        llm_factory=lambda: fake_port(engine, settings, model))  # fmt: skip
+        try:
+            sweeps.request_sweep(engine, "u1")
+            assert daemon.sweep_next()
+        finally:
+            daemon.close()
+        assert len(seen) >= 4 and all(b > a for a, b in itertools.pairwise(seen))
+
+
+class Flaky(FakeModel):
+    """Every other request a 503; ``during()`` runs first on each."""
+
+    def __init__(self, during: Callable[[], None]) -> None:
+        super().__init__("flaky", dim=TEST_DIM)
+        self.during = during
+
+    def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        self.during()
+        return super().__call__(request)
 
 
 class TestSharedBudgetCountsAttempts:

@@ -17,6 +17,9 @@
   first (a retry's before the backoff wait), and the usage a failed attempt's body reports is
   counted. A retry the budget refuses is not sent: ``LLMBudgetExhausted`` (the decision is
   deferred), logged as ``llm.retry_stopped``.
+- ``on_attempt``: called after each failed attempt that is retried and again when its backoff
+  wait ends (the port's ``on_request_done`` once the request is done): a sign of life per
+  attempt, so a caller retrying a slow server for many minutes is not taken for stuck.
 """
 
 from __future__ import annotations
@@ -86,10 +89,12 @@ class ModelClient:
         client: openai.OpenAI,
         options: LLMOptions,
         sleep: Callable[[float], None] = time.sleep,
+        on_attempt: Callable[[], None] = lambda: None,
     ) -> None:
         self._client = client
         self._options = options
         self._sleep = sleep
+        self._on_attempt = on_attempt
 
     def close(self) -> None:
         self._client.close()
@@ -147,8 +152,10 @@ class ModelClient:
                     budget.record_usage(*_usage(exc.response))
                 if attempt == attempts or not is_retryable(exc):
                     raise self._unavailable(kind, attempt, exc, budget) from exc
+                self._on_attempt()
                 self._reserve_retry(kind, attempt, exc, budget, embedding)
                 self._wait_before_retry(kind, attempt, exc, budget)
+                self._on_attempt()
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _reserve_retry(

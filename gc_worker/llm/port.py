@@ -56,15 +56,16 @@ class LLMPort:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.options = options
-        self._model = ModelClient(client, options, sleep)
+        self._model = ModelClient(client, options, sleep, on_attempt=self._request_done)
         # one pause per endpoint: a server whose embeddings fail (its embeddings model missing)
         # still answers the decisions, and a merged record then takes its members' centroid
         self._outage = Outage(options.outage_pause_seconds, clock)
         self._embed_outage = Outage(options.outage_pause_seconds, clock)
         self._cache: DecisionCache = cache if cache is not None else InMemoryDecisionCache()
         self._budget = self._new_budget()
-        # called after every request to the model, answered or not: a sign of life for a
-        # caller whose unit of work may take minutes of model calls (the daemon's /healthz)
+        # called after every request to the model, answered or not, and after each retried
+        # attempt and its backoff wait: a sign of life for a caller whose unit of work may take
+        # minutes of model calls (the daemon's /healthz)
         self.on_request_done: Callable[[], None] | None = None
 
     @property
