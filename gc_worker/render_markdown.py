@@ -1,6 +1,7 @@
 """The report as a Markdown document for people (gc_worker.render_facts: what it shows). A
-value from the store (``Stored``) has its Markdown punctuation and bare URLs escaped, so it
-cannot make links, images or markup of its own; every value has ``|`` and angle brackets
+value from the store (``Stored``) has its Markdown punctuation and bare URLs escaped and a word
+joiner after each '@' of an address, so it cannot make links, images, mentions or markup of its
+own; every value has ``|`` and angle brackets
 escaped, so it stays in its table cell and makes no HTML.
 """
 
@@ -38,6 +39,12 @@ _MD_PUNCTUATION = re.compile(r"([\\`*_\[\]()!#~&])")
 # A backslash before that ':' or '.' (an escape of ASCII punctuation, shown as the character)
 # leaves text that is neither. Any scheme: other viewers link more of them than GFM.
 _MD_AUTOLINK = re.compile(r"(?i):(?=//)|(?<![a-z0-9])www\.")
+# GFM also links an e-mail address (bare, or after mailto: / xmpp:) — and GitHub makes "@name"
+# a mention — but it finds addresses in text whose escapes it already resolved (cmark-gfm
+# merges adjacent text first): an escape does not stop it. An invisible word joiner after the
+# '@' does (an address's domain must follow it at once); a viewer shows the text as it was.
+_MD_ADDRESS = re.compile(r"@(?=[\w.-])")
+WORD_JOINER = "\u2060"
 
 
 def render_markdown(report: Report) -> str:
@@ -65,6 +72,7 @@ def render_markdown(report: Report) -> str:
 def _md(value: Any) -> str:
     text = _text(value)  # one line, nothing a terminal would act on
     if isinstance(value, Stored):  # no links, images or markup from the store
+        text = _MD_ADDRESS.sub("@" + WORD_JOINER, text)  # before '_' after it is escaped
         text = _MD_PUNCTUATION.sub(r"\\\1", text)
         text = _MD_AUTOLINK.sub(lambda m: f"{m.group()[:-1]}\\{m.group()[-1]}", text)
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
