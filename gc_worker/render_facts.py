@@ -23,6 +23,7 @@ from gc_worker.render_text import (
     _short_id,
     _user,
     display_id,
+    error_text,
 )
 
 Report = Mapping[str, Any]
@@ -63,7 +64,7 @@ def _header_rows(report: Report) -> list[tuple[str, Any]]:
         ("Jobs", ", ".join(scope.get("jobs") or []) or "—"),
         *([("Score pass", _score_pass(report["score_pass"]))] if report.get("score_pass") else []),
         *([("History", _pruned(report["history_pruned"]))] if report.get("history_pruned") else []),
-        *([("Error", Stored(report["error"]))] if report.get("error") else []),
+        *([("Error", error_text(report["error"]))] if report.get("error") else []),
         *([("Failed batches", _failed(report["failed_batches"]))] if report.get("failed_batches")
           else []),
     ]  # fmt: skip

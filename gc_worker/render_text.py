@@ -2,7 +2,8 @@
 never interpreted; every value is put on one line with its control and bidi characters shown as
 � (``printable``); numbers get thousands separators, memory ids are shortened to 8 characters,
 user ids longer than USER_ID_CHARS to their start, "…" and a hash (``display_id``),
-contents and detail values are clipped to PREVIEW_CHARS, long lists end "… and N more".
+contents and detail values are clipped to PREVIEW_CHARS, a run's error to ERROR_CHARS
+(``error_text``), long lists end "… and N more".
 The Markdown and HTML renderers escape what these return, each for its own format.
 """
 
@@ -17,6 +18,9 @@ from typing import Any
 PREVIEW_CHARS = 120
 USER_ID_CHARS = 60  # a longer user id is shown as its first _ID_HEAD characters, "…", a hash
 _ID_HEAD = 48
+# a run's error in a report's header: what stored_error keeps of one error (gc_worker.db); a
+# run that failed with several batches names five, and an older run's may be a whole exception
+ERROR_CHARS = 300
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 _LIST_KEYS = ("content", "memory_ids")  # details shown in their own columns
@@ -118,6 +122,17 @@ def _preview(content: Any) -> str:
         return "—"
     text = " ".join(str(content).split())
     return Stored(text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…")
+
+
+def error_text(error: Any) -> Stored:
+    """A run's error for a report's header: whole up to ERROR_CHARS characters, else its
+    start (cut between characters as shown), "…" and its length. Display only: the JSON
+    report keeps it whole."""
+    text = " ".join(str(error).split())
+    if len(text) <= ERROR_CHARS:
+        return Stored(text)
+    head = text[: _cluster_cut(text, ERROR_CHARS - 1)]
+    return Stored(f"{head}… ({len(text):,} characters; the JSON report has it whole)")
 
 
 def _details_text(details: Mapping[str, Any]) -> str:
