@@ -7,8 +7,9 @@ rows per job and action (10 each), the deferred groups (first 20) and the LLM us
 
 Every string that comes from the store (content, user ids, reasons, details) is hostile input:
 HTML escapes all of it; Markdown escapes ``|``, newlines, angle brackets, the punctuation of
-links and markup, and bare URLs' ``://`` and ``www.`` (autolinks); JSON escapes every control
-and bidi character (gc_worker.render_text).
+links and markup, and bare URLs' ``://`` and ``www.`` (autolinks), and puts a word joiner after
+the '@' of an address or mention; JSON escapes every control and bidi character
+(gc_worker.render_text).
 
 This module is the entry point and the JSON. The facts Markdown and HTML show are
 gc_worker.render_facts', the banner at their top gc_worker.render_banner's, the text of each
