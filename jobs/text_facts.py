@@ -297,10 +297,9 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
     stated_names = set().union(*(_inner_names(s) for s in sources))
     text_keys = content_keys(text, _is_negation)
     source_keys = [content_keys(s, _is_negation) for s in sources]
-    shared_keys = {
-        k for k in (source_keys[0] if source_keys else ())
-        if not any(_uncovered({k}, other) for other in source_keys[1:])
-    }  # fmt: skip
+    shared_keys = set(source_keys[0]) if source_keys else set()
+    for other in source_keys[1:]:  # the keys every source uses
+        shared_keys -= _uncovered(shared_keys, other)
     checks = (
         (
             "number",

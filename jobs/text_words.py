@@ -81,8 +81,17 @@ def same_word(a: str, b: str) -> bool:
 
 
 def uncovered(keys: set[str], by: set[str]) -> set[str]:
-    """The keys no key of ``by`` is the same word as."""
-    return {k for k in keys if k not in by and not any(same_word(k, b) for b in by)}
+    """The keys no key of ``by`` is the same word as. Only keys sharing their first
+    ``_SHARED_STEM`` letters can be one word without being equal, so each key is compared with
+    those only: comparing it with every key of ``by`` took 4 minutes for a 200 KB text of new
+    words against two 100 KB sources."""
+    by_prefix: dict[str, list[str]] = {}
+    for b in by:
+        by_prefix.setdefault(b[:_SHARED_STEM], []).append(b)
+    return {
+        k for k in keys
+        if k not in by and not any(same_word(k, b) for b in by_prefix.get(k[:_SHARED_STEM], ()))
+    }  # fmt: skip
 
 
 def stem(text: str) -> str:
