@@ -6,8 +6,10 @@ currency signs, a name split, a number moved to another thing) are jobs.text_for
     near_miss_reasons(a, b)          reason codes (number, date, negation, name, direction,
                                      antonym) why two look-alike texts must NOT be merged or
                                      obsoleted offline; [] = safe to treat as duplicates. A
-                                     negation is a word ("not", "never", "n't") or a prefix
-                                     one text puts on a word of the other ("unable" / "able").
+                                     negation is a word ("not", "never", "n't"), a prefix
+                                     one text puts on a word of the other ("unable" / "able"),
+                                     or one each puts on a word the other states ("Eats meat
+                                     but not fish" / "Eats fish but not meat").
     unsupported_facts(text, sources) why a model's merge or summary cannot stand for its
                                      sources: a stated fact dropped or one invented — and,
                                      word by word, a content word none of them uses (added)
@@ -35,7 +37,7 @@ import re
 from collections.abc import Sequence
 
 from jobs.text_forms import moved, prefix_negated, signs, split_or_joined
-from jobs.text_words import content_keys
+from jobs.text_words import content_keys, negated_keys
 from jobs.text_words import prepare as _prepare
 from jobs.text_words import stem as _stem
 from jobs.text_words import uncovered as _uncovered
@@ -271,7 +273,9 @@ def near_miss_reasons(text_a: str, text_b: str) -> list[str]:
         (
             "negation",
             _negation_count(text_a) != _negation_count(text_b)
-            or prefix_negated(set(_words(text_a)), set(_words(text_b))),
+            or prefix_negated(set(_words(text_a)), set(_words(text_b)))
+            # each negates what the other states: "Eats meat but not fish" / "… fish but not meat"
+            or (_negation_moved(text_a, [text_b]) and _negation_moved(text_b, [text_a])),
         ),
         ("name", _name_differs(text_a, text_b)),
         ("direction", _direction_differs(text_a, text_b)),
@@ -307,7 +311,11 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
             or moved(_counted(text), set().union(*(_counted(s) for s in sources))),
         ),
         ("date", set(_dates(text)) != set().union(*(_dates(s) for s in sources))),
-        ("negation", (_negation_count(text) > 0) != any(_negation_count(s) for s in sources)),
+        (
+            "negation",
+            (_negation_count(text) > 0) != any(_negation_count(s) for s in sources)
+            or _negation_moved(text, sources),
+        ),
         (
             "name",
             bool(_inner_names(text) - source_words or stated_names - text_words)
@@ -323,6 +331,17 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
         ("dropped", bool(_uncovered(shared_keys, text_keys))),
     )
     return [code for code, differs in checks if differs]
+
+
+def _negation_moved(text: str, sources: Sequence[str]) -> bool:
+    """The text negates a word its sources use but none of them negates ("Eats meat but not
+    fish" → "Eats fish but not meat"): the negation is there, on another fact."""
+    negated = _uncovered(
+        negated_keys(text, _is_negation),
+        set().union(*(negated_keys(s, _is_negation) for s in sources)),
+    )
+    used = set().union(*(content_keys(s, _is_negation) for s in sources))
+    return bool(negated - _uncovered(negated, used))
 
 
 def _direction_reversed(text: str, source: str) -> bool:

@@ -7,6 +7,8 @@ as a word, a word's English Snowball stem, and the content words a merged text m
     content_keys(text, negation)  the stems of its content words (not filler, not a negation,
                                   at least two letters), or the characters of a script written
                                   without spaces
+    negated_keys(text, negation)  the content keys a negation governs: from the negation to
+                                  the clause's end ("Eats fish but not meat": "meat")
     same_word(a, b) / uncovered(keys, by)   stems compared, one standing for a longer one it
                                   begins from five letters
 """
@@ -70,6 +72,29 @@ def content_keys(text: str, negation: Callable[[str], bool]) -> set[str]:
         if len(folded) < 2 or folded in _FILLER_WORDS or negation(folded):
             continue
         keys.add(stem(folded))
+    return keys
+
+
+# What ends a negation's reach: a clause's punctuation, or a word joining another clause ("or"
+# does not: "does not eat meat or fish" negates both).
+_CLAUSE_MARKS = frozenset(",;.:!?()[]\n")
+_CLAUSE_WORDS = frozenset({"and", "but", "while", "whereas", "though", "although", "yet"})
+_CLAUSED_TOKEN = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?|[,;.:!?()\[\]\n]")
+
+
+def negated_keys(text: str, negation: Callable[[str], bool]) -> set[str]:
+    """The content keys (as ``content_keys``) that follow a negation in its clause: "Eats fish
+    but not meat" → {"meat"}, "Does not eat meat or fish" → {"eat", "meat", "fish"}."""
+    keys: set[str] = set()
+    negated = False
+    for token in _CLAUSED_TOKEN.findall(prepare(text)):
+        folded = word(token)
+        if token in _CLAUSE_MARKS or folded in _CLAUSE_WORDS:
+            negated = False
+        elif negation(folded):
+            negated = True
+        elif negated and len(folded) >= 2 and folded not in _FILLER_WORDS:
+            keys.add(stem(folded))
     return keys
 
 

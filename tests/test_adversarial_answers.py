@@ -2,14 +2,105 @@
 must not (an adversarial review of how merge texts and contradiction verdicts are validated;
 each case failed before its fix). The model is faked at the HTTP boundary only.
 
+- a merged text that moved a negation to another word ("Eats meat but not fish" → "Eats fish
+  but not meat") was accepted, and two members that each negate what the other states were
+  merged as duplicates;
 - checking a long merged text took minutes (every new word compared with every source word).
 """
 
 from __future__ import annotations
 
 import time
+from uuid import UUID
 
-from jobs.text_facts import unsupported_facts
+import pytest
+
+from jobs.compaction import FACT_REASONS
+from jobs.text_facts import near_miss_reasons, unsupported_facts
+from tests.store import add, days_ago, get, run, status
+from tests.test_compaction import E0, at_similarity
+from tests.test_llm_guards import Model, merging_to
+
+MISSTATED = [
+    pytest.param("Eats meat but not fish", "Eats meat, but never fish",
+                 "Eats fish but not meat", "negation", id="negation-moved"),
+    pytest.param("Does not eat meat, eats fish", "Doesn't eat meat but eats fish",
+                 "Eats meat, does not eat fish", "negation", id="negation-moved-clause"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("first", "second", "merged", "reason"), MISSTATED)
+def test_a_merged_text_that_misstates_its_members_is_rejected(
+    engine, settings, make_llm, first, second, merged, reason
+):
+    """The members agree with each other (the model is asked); its merged text changes a
+    fact in a form the word checks missed: the answer is rejected and nothing merges."""
+    assert not FACT_REASONS & set(near_miss_reasons(first, second))
+    a = add(engine, "u1", first, created_at=days_ago(9), embedding=E0)
+    b = add(engine, "u1", second, created_at=days_ago(2), embedding=at_similarity(0.95))
+    server = Model(merging_to(merged))
+    report = run(engine, settings, jobs=["compaction"], llm=make_llm(server))
+    assert server.chat_requests() == 1
+    assert [x for x in report["actions"] if x["action"] == "create_merged"] == []
+    assert status(engine, a) == status(engine, b) == "active"
+    assert report["jobs"]["compaction"]["errors"] == 1
+    assert reason in unsupported_facts(merged, [first, second])
+
+
+FAITHFUL = [
+    (["Eats meat but not fish", "Eats meat, but never fish"], "Eats meat but never fish"),
+    (["Does not eat meat", "Is vegetarian and never eats meat"],
+     "Is vegetarian and does not eat meat"),
+    (["Never flies, takes the train", "Takes the train, does not fly"],
+     "Never flies and takes the train"),
+    (["No longer smokes", "Quit smoking"], "Quit smoking and no longer smokes"),
+    (["Prefers tea, not coffee", "Likes tea but not coffee"], "Prefers tea but not coffee"),
+    (["Does not eat meat or fish", "Never eats meat or fish"], "Never eats meat or fish"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sources", "merged"), FAITHFUL)
+def test_a_faithful_merge_beside_each_new_rule_passes(sources, merged):
+    assert unsupported_facts(merged, sources) == []
+
+
+def test_a_faithful_merge_with_a_negation_is_applied(engine, settings, make_llm):
+    a = add(engine, "u1", "Eats meat but not fish", created_at=days_ago(9), embedding=E0)
+    b = add(engine, "u1", "Eats meat, but never fish", created_at=days_ago(2),
+            embedding=at_similarity(0.95))  # fmt: skip
+    merged = "Eats meat but never fish"
+    report = run(engine, settings, jobs=["compaction"], llm=make_llm(Model(merging_to(merged))))
+    (created,) = [x for x in report["actions"] if x["action"] == "create_merged"]
+    assert get(engine, UUID(created["memory_id"]))["content"] == merged
+    assert status(engine, a) == status(engine, b) == "merged"
+
+
+class TestNegationsOnDifferentWords:
+    @pytest.mark.parametrize(
+        ("a", "b", "negation"),
+        [
+            ("Eats meat but not fish", "Eats fish but not meat", True),
+            ("Does not eat meat, eats fish", "Eats meat, does not eat fish", True),
+            ("Does not eat meat", "Never eats meat", False),
+            ("Does not eat meat", "Meat: does not eat it", False),
+            ("Not a morning person, prefers evenings", "Prefers evenings, not mornings", False),
+        ],
+    )
+    def test_each_negating_what_the_other_states_is_a_near_miss(self, a, b, negation):
+        assert ("negation" in near_miss_reasons(a, b)) is negation
+
+    def test_such_members_are_not_merged(self, engine, settings, make_llm):
+        """Two members that each negate the other's fact are a conflict, not a duplicate set:
+        no model is asked, the group is deferred as a near miss."""
+        add(engine, "u1", "Eats meat but not fish", created_at=days_ago(9), embedding=E0)
+        add(engine, "u1", "Eats fish but not meat", created_at=days_ago(2),
+            embedding=at_similarity(0.95))  # fmt: skip
+        server = Model(merging_to("Eats meat but not fish"))
+        report = run(engine, settings, jobs=["compaction"], llm=make_llm(server))
+        assert server.chat_requests() == 0
+        assert [(x["action"], x["reason"]) for x in report["actions"]] == [
+            ("deferred", "near_miss")
+        ]
 
 
 class TestALongAnswerIsCheckedInLinearTime:
