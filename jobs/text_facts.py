@@ -55,6 +55,7 @@ _DATE_TOKEN = re.compile(
     r"(?:19|20)\d{2}(?:-\d{1,2}(?:-\d{1,2})?)?|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
 )
 _DIGITS_COMMA = re.compile(r"(?<=\d),(?=\d{3}\b)")
+_MINUS = frozenset("-\u2212\u2013")
 
 _UNIT_WORDS = (
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
@@ -165,10 +166,23 @@ def _dates(text: str) -> list[str]:
 
 
 def _numbers(text: str) -> list[str]:
-    """The numbers a text states, then its currency, percent and degree signs ("$50k" and
-    "€50k" state two amounts)."""
-    keys = (None if _date_key(t) else _number_key(t) for t in _tokens(text))
-    return [key for key in keys if key is not None] + signs(_prepare(text))
+    """The numbers a text states, a minus sign with its number ("-18" is not "18"), then its
+    currency, percent and degree signs ("$50k" and "€50k" state two amounts)."""
+    prepared, keys = _prepare(text), []
+    for match in _TOKEN.finditer(prepared):
+        token = match.group()
+        key = None if _date_key(token) else _number_key(token)
+        if key is not None:
+            keys.append("-" + key if _minus_before(prepared, match.start()) else key)
+    return keys + signs(prepared)
+
+
+def _minus_before(text: str, start: int) -> bool:
+    """A minus sign (hyphen-minus, the minus sign, an en dash) right before a number that
+    starts at ``start``, not joining it to a word or number ("UTC-5", "5-10" are one token)."""
+    if start == 0 or text[start - 1] not in _MINUS or not text[start].isdigit():
+        return False
+    return start == 1 or not text[start - 2].isalnum()
 
 
 def _counted(text: str) -> set[tuple[str, str]]:

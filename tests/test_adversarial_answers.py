@@ -5,6 +5,8 @@ each case failed before its fix). The model is faked at the HTTP boundary only.
 - a merged text that moved a negation to another word ("Eats meat but not fish" → "Eats fish
   but not meat") was accepted, and two members that each negate what the other states were
   merged as duplicates;
+- a merged text that dropped a number's minus sign ("-18" → "18") was accepted, and the two
+  texts were no near miss;
 - checking a long merged text took minutes (every new word compared with every source word).
 """
 
@@ -26,6 +28,10 @@ MISSTATED = [
                  "Eats fish but not meat", "negation", id="negation-moved"),
     pytest.param("Does not eat meat, eats fish", "Doesn't eat meat but eats fish",
                  "Eats meat, does not eat fish", "negation", id="negation-moved-clause"),
+    pytest.param("Keeps the freezer at -18 degrees", "Keeps the freezer at -18 degrees, always",
+                 "Keeps the freezer at 18 degrees", "number", id="minus-dropped"),
+    pytest.param("Account balance is -50 dollars", "Balance of the account: -50 dollars",
+                 "Account balance is 50 dollars", "number", id="minus-dropped-balance"),
 ]  # fmt: skip
 
 
@@ -56,6 +62,10 @@ FAITHFUL = [
     (["No longer smokes", "Quit smoking"], "Quit smoking and no longer smokes"),
     (["Prefers tea, not coffee", "Likes tea but not coffee"], "Prefers tea but not coffee"),
     (["Does not eat meat or fish", "Never eats meat or fish"], "Never eats meat or fish"),
+    (["Keeps the freezer at -18 degrees", "Sets the freezer at \u221218 degrees"],
+     "Keeps the freezer at -18 degrees"),
+    (["Time zone is UTC-5", "Lives in UTC-5"], "Lives in time zone UTC-5"),
+    (["Reads pages 5-10 daily", "Daily reads pages 5-10"], "Reads pages 5-10 daily"),
 ]  # fmt: skip
 
 
@@ -73,6 +83,18 @@ def test_a_faithful_merge_with_a_negation_is_applied(engine, settings, make_llm)
     (created,) = [x for x in report["actions"] if x["action"] == "create_merged"]
     assert get(engine, UUID(created["memory_id"]))["content"] == merged
     assert status(engine, a) == status(engine, b) == "merged"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "number"),
+    [
+        ("Keeps the freezer at -18 degrees", "Keeps the freezer at 18 degrees", True),
+        ("Keeps the freezer at -18 degrees", "Keeps the freezer at \u221218 degrees", False),
+        ("Meeting from 3pm - 4pm", "Meeting from 3pm to 4pm", False),  # a dash, no minus
+    ],
+)
+def test_a_minus_sign_belongs_to_its_number(a, b, number):
+    assert ("number" in near_miss_reasons(a, b)) is number
 
 
 class TestNegationsOnDifferentWords:
