@@ -5,8 +5,8 @@ as a word, a word's English Snowball stem, and the content words a merged text m
     word(token)                   casefolded, a trailing "'s" dropped
     stem(word)                    English Snowball stem (one stemmer per thread)
     content_keys(text, negation)  the stems of its content words (not filler, not a negation,
-                                  at least two letters), or the characters of a script written
-                                  without spaces
+                                  at least two letters or a unit after a number: "5 m"), or the
+                                  characters of a script written without spaces
     negated_keys(text, negation)  the content keys a negation governs: from the negation to
                                   the clause's end ("Eats fish but not meat": "meat")
     same_word(a, b) / uncovered(keys, by)   stems compared, one standing for a longer one it
@@ -62,17 +62,29 @@ _SHARED_STEM = 5  # "allerg"/"allergi" (allergic/allergy) are one word; "astroâ€
 def content_keys(text: str, negation: Callable[[str], bool]) -> set[str]:
     """The text's content words as comparison keys: casefolded and stemmed (English Snowball);
     each character of a script written without spaces. Words of two letters count (a unit:
-    "km", "mg"). Negations (``negation``), numbers and dates have checks of their own."""
+    "km", "mg"), and a letter right after a number ("5 m", "5g": a unit too). Negations
+    (``negation``), numbers and dates have checks of their own."""
     keys = set()
-    for token in _CONTENT_TOKEN.findall(prepare(text)):
+    prepared = prepare(text)
+    for match in _CONTENT_TOKEN.finditer(prepared):
+        token = match.group()
         if _UNSPACED.search(token):
             keys.update(char for char in token if char.isalpha())
             continue
         folded = word(token)
-        if len(folded) < 2 or folded in _FILLER_WORDS or negation(folded):
+        if len(folded) < 2 and not _after_number(prepared, match.start()):
+            continue
+        if folded in _FILLER_WORDS or negation(folded):
             continue
         keys.add(stem(folded))
     return keys
+
+
+def _after_number(text: str, start: int) -> bool:
+    """Whether a digit (and at most one space) stands right before ``start``: a letter there is
+    a unit ("5 m", "5g"), not a stray letter."""
+    before = text[max(0, start - 2) : start]
+    return before[-1:].isdigit() or (before[-1:] == " " and before[:1].isdigit())
 
 
 # What ends a negation's reach: a clause's punctuation, or a word joining another clause ("or"

@@ -7,6 +7,8 @@ each case failed before its fix). The model is faked at the HTTP boundary only.
   merged as duplicates;
 - a merged text that dropped a number's minus sign ("-18" → "18") was accepted, and the two
   texts were no near miss;
+- a merged text that changed a unit to one of one letter ("5 km" → "5 m", "5 mg" → "5 g") was
+  accepted when the members spelt the unit differently (a one-letter word did not count);
 - checking a long merged text took minutes (every new word compared with every source word).
 """
 
@@ -32,6 +34,10 @@ MISSTATED = [
                  "Keeps the freezer at 18 degrees", "number", id="minus-dropped"),
     pytest.param("Account balance is -50 dollars", "Balance of the account: -50 dollars",
                  "Account balance is 50 dollars", "number", id="minus-dropped-balance"),
+    pytest.param("Runs 5 km every day", "Runs 5 kilometres daily",
+                 "Runs 5 m every day", "added", id="unit-one-letter"),
+    pytest.param("Takes 5 mg of melatonin", "Takes 5 milligrams of melatonin",
+                 "Takes 5g of melatonin", "added", id="unit-one-letter-joined"),
 ]  # fmt: skip
 
 
@@ -66,6 +72,9 @@ FAITHFUL = [
      "Keeps the freezer at -18 degrees"),
     (["Time zone is UTC-5", "Lives in UTC-5"], "Lives in time zone UTC-5"),
     (["Reads pages 5-10 daily", "Daily reads pages 5-10"], "Reads pages 5-10 daily"),
+    (["Runs 5 km every day", "Runs 5 kilometres daily"], "Runs 5 km every day"),
+    (["Ran a 5 k race", "Ran a 5 k race in May"], "Ran a 5 k race in May"),
+    (["Has a 3 x 5 rug", "Owns a 3 x 5 rug"], "Has a 3 x 5 rug"),
 ]  # fmt: skip
 
 
