@@ -13,7 +13,8 @@ currency signs, a name split, a number moved to another thing) are jobs.text_for
     unsupported_facts(text, sources) why a model's merge or summary cannot stand for its
                                      sources: a stated fact dropped or one invented — and,
                                      word by word, a content word none of them uses (added)
-                                     or one every one of them uses missing (dropped).
+                                     or one every one of them uses missing (dropped); or a
+                                     character none uses that hides what it says (hidden).
     differing_facts(a, b)            what could make two texts conflict (a replaced number, date
                                      or name, a negation, direction or antonym): a model's
                                      "contradicts" is acted on only then.
@@ -36,7 +37,7 @@ import itertools
 import re
 from collections.abc import Sequence
 
-from jobs.text_forms import moved, prefix_negated, signs, split_or_joined
+from jobs.text_forms import hidden, moved, prefix_negated, signs, split_or_joined
 from jobs.text_words import content_keys, negated_keys
 from jobs.text_words import prepare as _prepare
 from jobs.text_words import stem as _stem
@@ -305,7 +306,9 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
     Florida" → "from Florida to New York"), or uses the opposite of a word they use ("likes"
     → "dislikes", "morning" → "evening"); it uses a content word none of them uses ("Allergic
     to soy", an appended instruction: ``added``), or lacks one every one of them uses
-    ("Allergic to peanuts" for two texts that also name shellfish: ``dropped``). Words are
+    ("Allergic to peanuts" for two texts that also name shellfish: ``dropped``), or a
+    character none of them uses that hides what it says (``hidden``: an invisible one, tag
+    characters spelling an instruction, "5⁰" that reads "50" once NFKC-normalised). Words are
     compared by stem, so "allergy" stands for "allergic" (and character by character in
     scripts written without spaces); a synonym does not ("prefers" for
     "likes" is added): a merge is asked for in its members' own words, and one that is not is
@@ -343,6 +346,7 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
         ),
         ("added", bool(_uncovered(text_keys, set().union(*source_keys)))),
         ("dropped", bool(_uncovered(shared_keys, text_keys))),
+        ("hidden", hidden(text, sources)),
     )
     return [code for code, differs in checks if differs]
 

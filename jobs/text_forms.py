@@ -11,8 +11,11 @@
                                       joins names they keep apart.
     moved(counted, by_sources)        whether a text puts a number on a thing its sources count
                                       with another number ("2 cats and 3 dogs" → "3 cats").
+    hidden(text, sources)             whether a raw ``text`` uses a character no source uses that
+                                      hides what it says from the word checks or from a reader
+                                      (invisible, a digit's compatibility form, a strike-through).
 
-Texts are expected prepared (NFKC) by the caller.
+Texts are expected prepared (NFKC) by the caller, but for ``hidden``, which reads them raw.
 """
 
 from __future__ import annotations
@@ -84,3 +87,29 @@ def moved(counted: set[tuple[str, str]], by_sources: set[tuple[str, str]]) -> bo
         (number, thing) not in by_sources and any(other == thing for _, other in by_sources)
         for number, thing in counted
     )
+
+
+# Characters the word checks do not read as a reader does: invisible ones (format: zero-width,
+# bidi overrides, tag characters; controls, private use, unassigned) and digits' compatibility
+# forms (superscripts, subscripts, circled digits, fractions), which NFKC turns into plain digits
+# ("5⁰" reads "50" to the checks).
+_HIDDEN_CATEGORIES = frozenset({"Cf", "Cc", "Co", "Cn", "Cs", "No"})
+_LAYOUT = frozenset("\t\n\r")
+
+
+def hidden(text: str, sources: Sequence[str]) -> bool:
+    """``text`` (raw) uses a character no source uses that the checks read otherwise than a
+    reader: an invisible or compatibility-digit one (``_HIDDEN_CATEGORIES``), or a combining
+    mark on a plain letter or digit that composes with it into nothing ("n̶o̶t̶": struck out,
+    yet no negation to the checks). A source's own characters are its words."""
+    theirs = set().union(*(unicodedata.normalize("NFC", source) for source in sources))
+    composed = unicodedata.normalize("NFC", text)
+    for i, char in enumerate(composed):
+        if char in theirs or char in _LAYOUT:
+            continue
+        category = unicodedata.category(char)
+        if category in _HIDDEN_CATEGORIES:
+            return True
+        if category in ("Mn", "Me") and i > 0 and composed[i - 1].isascii():
+            return True
+    return False
