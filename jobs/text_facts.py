@@ -410,18 +410,43 @@ def differing_facts(text_a: str, text_b: str) -> list[str]:
     """What could make two texts state conflicting facts: a number, date or name (inside a
     sentence: its first word is as often a rephrased verb, "Likes" / "Enjoys") that one states
     and the other replaces — each has one the other lacks ("B1" / "B2"; not "a dog" / "2 cats",
-    which only adds a detail) —, a negation, direction or antonym. [] = nothing."""
+    which only adds a detail, nor "1 dog" / "2 cats", numbers of two things, nor when either
+    text says it adds: "Also speaks Spanish", "too", "as well") —, a negation, direction or
+    antonym. [] = nothing."""
+    near = near_miss_reasons(text_a, text_b)
+    inverted = [r for r in ("negation", "direction", "antonym") if r in near]
+    if _ADDITIVE.search(_prepare(text_a)) or _ADDITIVE.search(_prepare(text_b)):
+        return inverted  # "Also speaks Spanish": a value beside the other, not in its place
     reasons = []
-    for code, values in (("number", _numbers), ("date", _dates)):
-        a, b = set(values(text_a)), set(values(text_b))
-        if a - b and b - a:
-            reasons.append(code)
+    a = set(_numbers(text_a)) - _counting_elsewhere(text_a, text_b)
+    b = set(_numbers(text_b)) - _counting_elsewhere(text_b, text_a)
+    if a - b and b - a:
+        reasons.append("number")
+    a, b = set(_dates(text_a)), set(_dates(text_b))
+    if a - b and b - a:
+        reasons.append("date")
     names_a = _inner_names(text_a) - set(_words(text_b))
     names_b = _inner_names(text_b) - set(_words(text_a))
     if names_a and names_b:
         reasons.append("name")
-    near = near_miss_reasons(text_a, text_b)
-    return reasons + [r for r in ("negation", "direction", "antonym") if r in near]
+    return reasons + inverted
+
+
+# A text that presents its fact as one more beside others ("Also speaks Spanish", "… on
+# Thursdays as well"): the values it states are added, not replaced.
+_ADDITIVE = re.compile(
+    r"\b(?:also|additionally|as well|in addition)\b|\btoo\s*(?:[.,;:!?)]|$)", re.IGNORECASE
+)
+
+
+def _counting_elsewhere(text: str, other: str) -> set[str]:
+    """The numbers of ``text`` that count only things ``other`` never mentions ("1" of "Has 1
+    dog" against "Has 2 cats"): another thing's count, not a replaced value."""
+    things: dict[str, set[str]] = {}
+    for number, thing in _counted(text):
+        things.setdefault(number, set()).add(thing)
+    mentioned = {_stem(word) for word in _words(other)}
+    return {number for number, counted in things.items() if not counted & mentioned}
 
 
 _ABBREVIATIONS = frozenset({"dr", "mr", "mrs", "ms", "prof", "st", "mt", "jr", "sr"})

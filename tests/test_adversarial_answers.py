@@ -12,6 +12,9 @@ each case failed before its fix). The model is faked at the HTTP boundary only.
 - a merged text that hid what it says from the word checks was accepted: tag characters
   spelling an instruction (invisible, read by some models), a bidi override ("50" shown as
   "05"), a strike-through over "not", "5⁰" (NFKC reads it "50");
+- a "contradicts" verdict on a newer fact that only adds to the older ("Also speaks Spanish"
+  after "Speaks English at level B1"; "Has 2 cats" after "Has 1 dog") closed the older fact: a
+  name or number each text lacks counted as a replaced value;
 - checking a long merged text took minutes (every new word compared with every source word).
 """
 
@@ -23,10 +26,10 @@ from uuid import UUID
 import pytest
 
 from jobs.compaction import FACT_REASONS
-from jobs.text_facts import near_miss_reasons, unsupported_facts
+from jobs.text_facts import differing_facts, near_miss_reasons, unsupported_facts
 from tests.store import add, days_ago, get, run, status
 from tests.test_compaction import E0, at_similarity
-from tests.test_llm_guards import Model, merging_to
+from tests.test_llm_guards import Model, contradicts, merging_to
 
 
 def _tags(text: str) -> str:
@@ -177,3 +180,58 @@ class TestALongAnswerIsCheckedInLinearTime:
         started = time.perf_counter()
         assert "added" in unsupported_facts(merged, [first, second])
         assert time.perf_counter() - started < 10
+
+
+# ---------------------------------------------------------------------------------------------
+# Contradiction: a "contradicts" the texts do not bear out
+# ---------------------------------------------------------------------------------------------
+
+ADDED_NOT_REPLACED = [
+    ("Speaks English at level B1", "Also speaks Spanish"),
+    ("Works at Acme", "Also volunteers at Oxfam"),
+    ("Meets the team every Monday", "Meets the team on Thursdays as well"),
+    ("Has 1 dog", "Has 2 cats"),
+    ("Drinks 2 coffees a day", "Drinks 3 glasses of water a day"),
+]
+
+
+@pytest.mark.parametrize(("older", "newer"), ADDED_NOT_REPLACED)
+def test_contradicts_on_a_fact_that_only_adds_is_a_review(engine, settings, make_llm, older, newer):
+    """The newer fact adds to the older (an additive "also", a number of another thing): a
+    "contradicts" verdict is not borne out by the texts, so it is a review, never an
+    obsolete."""
+    first = add(engine, "u1", older, created_at=days_ago(30), embedding=E0)
+    add(engine, "u1", newer, created_at=days_ago(2), embedding=at_similarity(0.9))
+    report = run(engine, settings, jobs=["contradiction"], llm=make_llm(Model(contradicts)))
+    assert [(a["action"], a["reason"]) for a in report["actions"]] == [("review", "llm_unverified")]
+    assert status(engine, first) == "active"
+
+
+@pytest.mark.parametrize(("older", "newer"), ADDED_NOT_REPLACED)
+def test_an_added_fact_bears_out_nothing(older, newer):
+    assert differing_facts(older, newer) == []
+
+
+REPLACED = [
+    ("English level is B1", "English level is B2", ["number"]),
+    ("Has 1 dog", "Has 2 dogs", ["number"]),
+    ("Takes 5 mg of zinc", "Takes 50 mg of zinc", ["number"]),
+    ("Is 30 years old", "Is 31 years old", ["number"]),
+    ("Lives at 12 Main Street", "Lives at 14 Elm Street", ["name"]),
+    ("Keeps the freezer at -18 degrees", "Keeps the freezer at 18 degrees", ["number"]),
+    ("Also eats fish", "Does not eat fish", ["negation"]),  # an inversion, "also" or not
+    ("Lives in Paris", "Now lives in Berlin", ["name"]),
+]
+
+
+@pytest.mark.parametrize(("older", "newer", "expected"), REPLACED)
+def test_a_replaced_value_still_bears_out_contradicts(older, newer, expected):
+    assert differing_facts(older, newer) == expected
+
+
+def test_contradicts_on_a_replaced_number_still_obsoletes(engine, settings, make_llm):
+    first = add(engine, "u1", "Has 1 dog", created_at=days_ago(30), embedding=E0)
+    add(engine, "u1", "Has 2 dogs", created_at=days_ago(2), embedding=at_similarity(0.9))
+    report = run(engine, settings, jobs=["contradiction"], llm=make_llm(Model(contradicts)))
+    assert [(a["action"], a["reason"]) for a in report["actions"]] == [("obsolete", "contradicted")]
+    assert status(engine, first) == "obsolete"
