@@ -1,7 +1,9 @@
 """What a text states — its numbers, dates, names, negations, directions, antonyms — and the
 checks built on them (pure functions, no database, no LLM). How words are prepared, stemmed and
 kept as content words is jobs.text_words; forms a word comparison misses (negating prefixes,
-currency signs, a name split, a number moved to another thing) are jobs.text_forms.
+currency signs, a name split, a number moved to another thing, a minus sign, characters that
+hide what a text says) are jobs.text_forms; the word lists (number and date words, negations,
+antonyms …) are jobs.text_lexicon.
 
     near_miss_reasons(a, b)          reason codes (number, date, negation, name, direction,
                                      antonym) why two look-alike texts must NOT be merged or
@@ -37,8 +39,17 @@ import itertools
 import re
 from collections.abc import Sequence
 
-from jobs.text_forms import hidden, moved, prefix_negated, signs, split_or_joined
-from jobs.text_words import content_keys, negated_keys
+from jobs import text_lexicon as lex
+from jobs.text_forms import (
+    adds,
+    hidden,
+    minus_before,
+    moved,
+    prefix_negated,
+    signs,
+    split_or_joined,
+)
+from jobs.text_words import content_keys, negation_moved
 from jobs.text_words import prepare as _prepare
 from jobs.text_words import stem as _stem
 from jobs.text_words import uncovered as _uncovered
@@ -56,72 +67,6 @@ _DATE_TOKEN = re.compile(
     r"(?:19|20)\d{2}(?:-\d{1,2}(?:-\d{1,2})?)?|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}"
 )
 _DIGITS_COMMA = re.compile(r"(?<=\d),(?=\d{3}\b)")
-_MINUS = frozenset("-\u2212\u2013")
-
-_UNIT_WORDS = (
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-    "nineteen", "twenty",
-)  # fmt: skip
-_TENS_WORDS = ("thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-_NUMBER_WORDS = (
-    {word: str(value) for value, word in enumerate(_UNIT_WORDS)}
-    | {word: str(10 * tens) for tens, word in enumerate(_TENS_WORDS, start=3)}
-    | {"hundred": "100", "thousand": "1000", "million": "1000000"}
-)
-
-_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-_MONTHS = (
-    "january", "february", "march", "april", "may", "june", "july", "august", "september",
-    "october", "november", "december",
-)  # fmt: skip
-_DATE_WORDS = (
-    {day: day for day in _WEEKDAYS}
-    | {day + "s": day for day in _WEEKDAYS}
-    | {"tue": "tuesday", "tues": "tuesday", "thu": "thursday", "thurs": "thursday"}
-    | {"fri": "friday", "today": "today", "tomorrow": "tomorrow", "yesterday": "yesterday"}
-    | {"tonight": "tonight", "weekend": "weekend", "weekends": "weekend"}
-    | {month: month for month in _MONTHS}
-    | {month[:3]: month for month in _MONTHS if month not in ("may", "march")}
-    | {"sept": "september"}
-)
-_CASE_SENSITIVE_MONTHS = {"may", "march"}  # modal verb / verb unless capitalised
-
-_NEGATIONS = {
-    "not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot",
-    "dont", "doesnt", "didnt", "isnt", "arent", "wasnt", "werent", "cant", "couldnt",
-    "shouldnt", "wouldnt", "havent", "hasnt", "hadnt",
-    # a frequency that all but denies, a habit given up: "Rarely drinks coffee" / "Quit smoking"
-    # are not "Drinks coffee" / "Smokes"
-    "rarely", "seldom", "hardly", "barely", "scarcely", "formerly", "quit", "quits", "stopped",
-}  # fmt: skip
-
-_DIRECTION_MARKERS = {
-    "from", "to", "into", "onto", "toward", "towards", "than", "before", "after", "over",
-    "above", "below", "under", "since", "until", "till",
-}  # fmt: skip
-_DIRECTION_BOUNDARIES = {"and", "or", "but", "in", "on", "at", "with", "for", "by", "because"}
-_STOPWORDS = {"the", "a", "an", "of", "is", "are", "be", "was", "were"}
-# A capital on these opening a sentence is grammar, not a name ("The user ..." vs "User ...").
-_SENTENCE_STARTERS = {
-    "the", "a", "an", "this", "that", "these", "those", "there", "here", "it", "its", "he",
-    "she", "they", "we", "you", "i", "my", "his", "her", "their", "our", "your", "user", "users",
-    "in", "on", "at", "for", "from", "to", "with", "by", "and", "or", "but", "if", "when",
-    "every", "each", "all", "some", "always", "also", "has", "have", "had", "is", "was", "are",
-    "does", "do", "did", "can", "will", "would", "should", "must",
-}  # fmt: skip
-
-_ANTONYM_GROUPS: tuple[tuple[frozenset[str], ...], ...] = tuple(
-    tuple(frozenset(family.split()) for family in group)
-    for group in (
-        ("like likes liked liking", "dislike dislikes disliked disliking"),
-        ("love loves loved loving", "hate hates hated hating"),
-        ("prefer prefers preferred preferring", "avoid avoids avoided avoiding"),
-        ("morning mornings", "afternoon afternoons", "evening evenings", "night nights"),
-        ("enable enables enabled", "disable disables disabled"),
-        ("early earlier", "late later"),
-    )
-)
 
 
 def _tokens(text: str) -> list[str]:
@@ -136,9 +81,9 @@ def _date_key(token: str) -> str | None:
     word = _word(token)
     if _DATE_TOKEN.fullmatch(word):
         return word
-    if word in _CASE_SENSITIVE_MONTHS and not token[0].isupper():
+    if word in lex.CASE_SENSITIVE_MONTHS and not token[0].isupper():
         return None
-    return _DATE_WORDS.get(word)
+    return lex.DATE_WORDS.get(word)
 
 
 def _number_key(token: str) -> str | None:
@@ -147,13 +92,13 @@ def _number_key(token: str) -> str | None:
         return word
     if "-" in word:
         return _compound_number(word.split("-"))
-    return _NUMBER_WORDS.get(word)
+    return lex.NUMBER_WORDS.get(word)
 
 
 def _compound_number(parts: list[str]) -> str | None:
     """ "twenty-five" → "25"; number words joined otherwise ("one-hundred") compare as text;
     None when a part is no number word ("well-known")."""
-    values = [_NUMBER_WORDS.get(part) for part in parts]
+    values = [lex.NUMBER_WORDS.get(part) for part in parts]
     if None in values:
         return None
     tens, units = (int(v) for v in values[:2]) if len(values) == 2 else (0, 0)
@@ -174,16 +119,8 @@ def _numbers(text: str) -> list[str]:
         token = match.group()
         key = None if _date_key(token) else _number_key(token)
         if key is not None:
-            keys.append("-" + key if _minus_before(prepared, match.start()) else key)
+            keys.append("-" + key if minus_before(prepared, match.start()) else key)
     return keys + signs(prepared)
-
-
-def _minus_before(text: str, start: int) -> bool:
-    """A minus sign (hyphen-minus, the minus sign, an en dash) right before a number that
-    starts at ``start``, not joining it to a word or number ("UTC-5", "5-10" are one token)."""
-    if start == 0 or text[start - 1] not in _MINUS or not text[start].isdigit():
-        return False
-    return start == 1 or not text[start - 2].isalnum()
 
 
 def _counted(text: str) -> set[tuple[str, str]]:
@@ -197,7 +134,7 @@ def _counted(text: str) -> set[tuple[str, str]]:
 
 
 def _is_negation(word: str) -> bool:
-    return word in _NEGATIONS or word.endswith("n't")
+    return word in lex.NEGATIONS or word.endswith("n't")
 
 
 def _negation_count(text: str) -> int:
@@ -210,7 +147,7 @@ def _is_name(token: str, sentence_initial: bool) -> bool:
     word = _word(token)
     if _is_negation(word) or word == "i" or word.startswith("i'"):
         return False  # negations have their own check; "I" is not a name
-    return not (sentence_initial and word in _SENTENCE_STARTERS)
+    return not (sentence_initial and word in lex.SENTENCE_STARTERS)
 
 
 def _names(text: str) -> set[str]:
@@ -243,12 +180,12 @@ def _direction_labels(text: str) -> tuple[list[str], dict[str, frozenset[str]]]:
     labels: dict[str, set[str]] = {}
     current = "^"
     for word in _words(text):
-        if word in _DIRECTION_MARKERS:
+        if word in lex.DIRECTION_MARKERS:
             markers.append(word)
             current = word
-        elif word in _DIRECTION_BOUNDARIES:
+        elif word in lex.DIRECTION_BOUNDARIES:
             current = "^"
-        elif word not in _STOPWORDS:
+        elif word not in lex.STOPWORDS:
             labels.setdefault(word, set()).add(current)
     return sorted(markers), {word: frozenset(found) for word, found in labels.items()}
 
@@ -264,7 +201,7 @@ def _direction_differs(text_a: str, text_b: str) -> bool:
 
 def _antonym_differs(text_a: str, text_b: str) -> bool:
     words_a, words_b = set(_words(text_a)), set(_words(text_b))
-    for group in _ANTONYM_GROUPS:
+    for group in lex.ANTONYM_GROUPS:
         used_a = {i for i, family in enumerate(group) if family & words_a}
         used_b = {i for i, family in enumerate(group) if family & words_b}
         if used_a and used_b and used_a != used_b:
@@ -352,14 +289,7 @@ def unsupported_facts(text: str, sources: Sequence[str]) -> list[str]:
 
 
 def _negation_moved(text: str, sources: Sequence[str]) -> bool:
-    """The text negates a word its sources use but none of them negates ("Eats meat but not
-    fish" → "Eats fish but not meat"): the negation is there, on another fact."""
-    negated = _uncovered(
-        negated_keys(text, _is_negation),
-        set().union(*(negated_keys(s, _is_negation) for s in sources)),
-    )
-    used = set().union(*(content_keys(s, _is_negation) for s in sources))
-    return bool(negated - _uncovered(negated, used))
+    return negation_moved(text, sources, _is_negation)
 
 
 def _direction_reversed(text: str, source: str) -> bool:
@@ -378,7 +308,7 @@ def _direction_reversed(text: str, source: str) -> bool:
 def _antonym_added(text_words: set[str], source_words: set[str]) -> bool:
     """The text uses a word of an antonym group the sources use, of a family none of them uses
     ("Likes spicy food" → "Likes mild food and dislikes spicy food")."""
-    for group in _ANTONYM_GROUPS:
+    for group in lex.ANTONYM_GROUPS:
         used_text = {i for i, family in enumerate(group) if family & text_words}
         used_sources = {i for i, family in enumerate(group) if family & source_words}
         if used_sources and used_text - used_sources:
@@ -391,7 +321,7 @@ def _antonym_swapped(text_words: set[str], source_words: set[str]) -> bool:
     it ("Likes spicy food" → "Dislikes spicy food"). A group the source does not use is not
     checked: a paraphrase may bring its own words ("Enjoys" for "Likes"), and a summary
     another source's ("morning" beside "evening")."""
-    for group in _ANTONYM_GROUPS:
+    for group in lex.ANTONYM_GROUPS:
         used_text = {i for i, family in enumerate(group) if family & text_words}
         used_source = {i for i, family in enumerate(group) if family & source_words}
         if used_source and used_text and not used_text & used_source:
@@ -415,7 +345,7 @@ def differing_facts(text_a: str, text_b: str) -> list[str]:
     antonym. [] = nothing."""
     near = near_miss_reasons(text_a, text_b)
     inverted = [r for r in ("negation", "direction", "antonym") if r in near]
-    if _ADDITIVE.search(_prepare(text_a)) or _ADDITIVE.search(_prepare(text_b)):
+    if adds(_prepare(text_a)) or adds(_prepare(text_b)):
         return inverted  # "Also speaks Spanish": a value beside the other, not in its place
     reasons = []
     a = set(_numbers(text_a)) - _counting_elsewhere(text_a, text_b)
@@ -430,13 +360,6 @@ def differing_facts(text_a: str, text_b: str) -> list[str]:
     if names_a and names_b:
         reasons.append("name")
     return reasons + inverted
-
-
-# A text that presents its fact as one more beside others ("Also speaks Spanish", "… on
-# Thursdays as well"): the values it states are added, not replaced.
-_ADDITIVE = re.compile(
-    r"\b(?:also|additionally|as well|in addition)\b|\btoo\s*(?:[.,;:!?)]|$)", re.IGNORECASE
-)
 
 
 def _counting_elsewhere(text: str, other: str) -> set[str]:

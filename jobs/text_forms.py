@@ -11,6 +11,8 @@
                                       joins names they keep apart.
     moved(counted, by_sources)        whether a text puts a number on a thing its sources count
                                       with another number ("2 cats and 3 dogs" → "3 cats").
+    minus_before(text, start)         a minus sign right before the number at ``start`` ("-18").
+    adds(text)                        whether a text presents its fact as one more ("Also …").
     hidden(text, sources)             whether a raw ``text`` uses a character no source uses that
                                       hides what it says from the word checks or from a reader
                                       (invisible, a digit's compatibility form, a strike-through).
@@ -28,6 +30,12 @@ from collections.abc import Iterable, Sequence
 _NEGATING_PREFIXES = ("non-", "non", "ex-", "dis", "un", "in", "im", "il", "ir")
 _OTHER_SIGNS = frozenset("%\u2030\u00b0")  # percent, per mille, degree
 _WORD = re.compile(r"\w+(?:['.,:/-]\w+)*")
+_MINUS = frozenset("-\u2212\u2013")  # hyphen-minus, the minus sign, an en dash
+# A text that presents its fact as one more beside others ("Also speaks Spanish", "… on
+# Thursdays as well"): the values it states are added, not replaced.
+_ADDITIVE = re.compile(
+    r"\b(?:also|additionally|as well|in addition)\b|\btoo\s*(?:[.,;:!?)]|$)", re.IGNORECASE
+)
 
 
 def prefix_negated(words_a: set[str], words_b: set[str]) -> bool:
@@ -87,6 +95,19 @@ def moved(counted: set[tuple[str, str]], by_sources: set[tuple[str, str]]) -> bo
         (number, thing) not in by_sources and any(other == thing for _, other in by_sources)
         for number, thing in counted
     )
+
+
+def minus_before(text: str, start: int) -> bool:
+    """A minus sign right before a number that starts at ``start``, not joining it to a word
+    or number ("UTC-5", "5-10" are one token)."""
+    if start == 0 or text[start - 1] not in _MINUS or not text[start].isdigit():
+        return False
+    return start == 1 or not text[start - 2].isalnum()
+
+
+def adds(text: str) -> bool:
+    """The text says its fact is one more ("also", "too", "as well", "in addition")."""
+    return _ADDITIVE.search(text) is not None
 
 
 # Characters the word checks do not read as a reader does: invisible ones (format: zero-width,

@@ -9,6 +9,8 @@ as a word, a word's English Snowball stem, and the content words a merged text m
                                   characters of a script written without spaces
     negated_keys(text, negation)  the content keys a negation governs: from the negation to
                                   the clause's end ("Eats fish but not meat": "meat")
+    negation_moved(text, sources, negation)   the text negates a word its sources use and
+                                  none of them negates
     same_word(a, b) / uncovered(keys, by)   stems compared, one standing for a longer one it
                                   begins from five letters
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import re
 import threading
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import snowballstemmer
 
@@ -108,6 +110,16 @@ def negated_keys(text: str, negation: Callable[[str], bool]) -> set[str]:
         elif negated and len(folded) >= 2 and folded not in _FILLER_WORDS:
             keys.add(stem(folded))
     return keys
+
+
+def negation_moved(text: str, sources: Sequence[str], negation: Callable[[str], bool]) -> bool:
+    """The text negates a word its sources use but none of them negates ("Eats meat but not
+    fish" → "Eats fish but not meat"): the negation is there, on another fact."""
+    negated = uncovered(
+        negated_keys(text, negation), set().union(*(negated_keys(s, negation) for s in sources))
+    )
+    used = set().union(*(content_keys(s, negation) for s in sources))
+    return bool(negated - uncovered(negated, used))
 
 
 def same_word(a: str, b: str) -> bool:
