@@ -1,5 +1,6 @@
 """Odd answers of an OpenAI-compatible server, under the real openai client (MockTransport):
-each is a rejected answer or a used one, never an exception that fails the batch."""
+each is a rejected answer or a used one, never an exception that fails the batch; an answer
+that states a field twice is rejected, not read by its last value."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from gc_worker.llm import LLMInvalidAnswer
 from tests.test_llm_guards import Model, batch_stands_with_the_centroid
-from tests.test_llm_port import MakePort, make_port
+from tests.test_llm_port import MakePort, chat_reply, make_port
 
 __all__ = ["make_port"]  # the fixture, imported for this module's tests
 
@@ -84,6 +85,35 @@ class TestChatBodies:
         with pytest.warns(UserWarning), pytest.raises(LLMInvalidAnswer) as caught:
             port.merge_group("u1", GROUP)  # (pydantic warns of the field's unexpected type)
         assert caught.value.reason == "refused"
+
+    @pytest.mark.parametrize(
+        "content",
+        [
+            '{"is_duplicate_set": false, "member_ids": [], "merged_text": null, "reason": "no",'
+            ' "is_duplicate_set": true}',
+            f'{{"is_duplicate_set": true, "member_ids": ["{GROUP[0][0]}", "{GROUP[1][0]}"],'
+            ' "merged_text": "Prefers morning meetings.", "merged_text": "Prefers evening'
+            ' meetings.", "reason": null}',
+        ],
+        ids=["two-decisions", "two-texts"],
+    )
+    def test_an_answer_that_states_a_field_twice_is_rejected(
+        self, make_port: MakePort, content: str
+    ) -> None:
+        """A JSON object naming a key twice says two things ("not a duplicate set", then "a
+        duplicate set"); the parser kept the last one and the job acted on it. Found by an
+        adversarial review of the answer checks."""
+        port, _ = make_port(chat_reply(content))
+        with pytest.raises(LLMInvalidAnswer) as caught:
+            port.merge_group("u1", GROUP)
+        assert caught.value.reason == "duplicate_key"
+
+    def test_an_answer_with_an_extra_field_is_used_without_it(self, make_port: MakePort) -> None:
+        """A field the schema does not have is ignored (it is never read), not a rejection."""
+        answer = {"is_duplicate_set": False, "member_ids": [], "merged_text": None,
+                  "reason": "differ", "delete_ids": [GROUP[0][0]]}  # fmt: skip
+        port, _ = make_port(chat_reply(answer))
+        assert not port.merge_group("u1", GROUP).is_duplicate_set
 
 
 class ProxyPageForEmbeddings(Model):

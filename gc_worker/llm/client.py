@@ -4,8 +4,8 @@
   ``chat.completions.parse`` with the pydantic answer model as the strict JSON schema (and
   ``max_completion_tokens`` when configured), adds ``usage`` to the budget (also for answers
   that are then rejected) and returns the parsed answer. Malformed JSON, a schema mismatch, a
-  refusal, a truncated (``finish_reason`` "length") or filtered answer → ``LLMInvalidAnswer``
-  with a reason code.
+  key stated twice (``duplicate_key``), a refusal, a truncated (``finish_reason`` "length") or
+  filtered answer → ``LLMInvalidAnswer`` with a reason code.
 - ``ModelClient.embed(texts, budget)``: ``embeddings.create`` with ``encoding_format="float"``;
   the vectors come back in input order, checked for count and (if configured) dimension. A
   body that is no embeddings answer (a proxy's page, broken JSON) → ``LLMInvalidAnswer``.
@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -264,11 +265,32 @@ def _message_answer(completion: Any) -> Any:
         raise LLMInvalidAnswer("refused", size)
     if message.parsed is None:
         raise LLMInvalidAnswer("empty_answer", "no content")
+    twice = _key_twice(message.content)
+    if twice is not None:
+        # the parser keeps a key's last value: {"is_duplicate_set": false, …, "is_duplicate_set":
+        # true} would be read as a merge the answer also declined
+        raise LLMInvalidAnswer("duplicate_key", f"{twice!r} stated twice")
     if _has_nul(message.parsed.model_dump()):
         # PostgreSQL stores no text or jsonb with one: the cache or the merged record would
         # fail the batch's write instead
         raise LLMInvalidAnswer("malformed_response", "a NUL character in a text")
     return message.parsed
+
+
+def _key_twice(content: Any) -> str | None:
+    """A key some object of the JSON ``content`` states twice, or None."""
+    found: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in items]
+        found.extend(key for key in keys if keys.count(key) > 1)
+        return dict(items)
+
+    try:
+        json.loads(content, object_pairs_hook=pairs)
+    except (TypeError, ValueError):
+        return None  # (parsed already: a content the model client read otherwise)
+    return found[0] if found else None
 
 
 def _has_nul(value: Any) -> bool:
