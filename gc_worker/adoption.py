@@ -9,7 +9,8 @@ table (``prepare``). Every refusal is a :class:`ConfigError` (exit 2) that says 
 - no object of the application's has a name a migration creates (``created_names``); adopting,
   the role may create temporary tables (the CHECK probes use them);
 - a ``memories`` table the application already made fits DESIGN.md section 2: every contract
-  column, of a compatible type, NOT NULL where the contract says so; ``id`` unique; the vector
+  column, of a compatible type, NOT NULL where the contract says so, with no default a CHECK
+  of migrate's refuses; ``id`` unique; the vector
   dimension equal to ``embeddings.dim``; no extra NOT NULL column without a default (the worker
   inserts merged records); no contract column generated or an identity; a CHECK under a name
   of migrate's saying what migrate's says; owned by the migrating role; no rule of the
@@ -46,7 +47,7 @@ from gc_worker.adoption_columns import (
     relation_of,
 )
 from gc_worker.adoption_guards import behaviour_problems, clashing_name_problems
-from gc_worker.adoption_probes import CONTRACT_FIXES, contract_check_problems
+from gc_worker.adoption_probes import CONTRACT_FIXES, contract_check_problems, default_problems
 from gc_worker.errors import ConfigError
 from gc_worker.queries import q
 
@@ -162,6 +163,7 @@ def memories_problems(conn: Connection, embedding_dim: int) -> list[str]:
     return [
         *memories_column_problems(conn, relation, embedding_dim),
         *contract_check_problems(conn),
+        *default_problems(conn),
         *invalid_index_problems(conn),
         *behaviour_problems(conn),
     ]

@@ -7,6 +7,8 @@ probed (``SESSION_TROUBLE``: a timeout, a cancel, the server going away) is rais
 - ``contract_check_problems``: a CHECK of the application's under a name of migrate's
   (``CONTRACT_FIXES``) must say what migrate's says, as PostgreSQL prints both (on a copy of
   the table's columns), and be validated;
+- ``default_problems``: no default of the application's on a column a CHECK of migrate's
+  reads may be outside it (``CHECKED_COLUMNS``);
 - ``check_problems``: no CHECK, or default, of the application's may refuse a row the worker
   writes: every status change (``STATUS_WRITES``), importance and confidence at their bounds
   (``WORKER_VALUES``) and the records it inserts (``CREATED_RECORDS``), on a copy of the table
@@ -63,6 +65,59 @@ def contract_check_problems(conn: Connection) -> list[str]:
             + (f". {count} rows are outside it: {CONTRACT_FIXES[row.conname]}" if count else "")
         )
     return problems
+
+
+# The column each CHECK of migrate's reads: a default of the application's outside it is kept
+# (migrate sets a default only where there is none), and the CHECK then refuses every insert
+# of the application's that leaves the column to it.
+CHECKED_COLUMNS = {
+    "memories_importance_check": "importance",
+    "memories_confidence_check": "confidence",
+    "memories_status_check": "status",
+}
+
+
+def default_problems(conn: Connection) -> list[str]:
+    """Defaults of the application's that a CHECK migrate adds refuses (status 'live'):
+    adopted, every insert of the application's relying on one failed from then on. Each
+    default is evaluated under a savepoint (one drawing from a sequence is not: nextval is
+    never rolled back); one that fails to evaluate is left to the column checks."""
+    from gc_worker import schema  # it imports this module (through gc_worker.adoption)
+
+    migration = schema.migration("0001")
+    names = list(CHECKED_COLUMNS.values())
+    defaults = {r.name: r.expression for r in conn.execute(q("column_defaults"), {"names": names})}
+    problems = []
+    for check_name, column in CHECKED_COLUMNS.items():
+        expression = defaults.get(column)
+        if expression is None or "nextval(" in expression:
+            continue
+        check = migration.CHECKS[check_name]
+        if not _default_refused(conn, column, expression, check):
+            continue
+        problems.append(
+            f"column {column} defaults to {expression}, which the CHECK migrate adds "
+            f"({check}) refuses: every insert of the application's leaving {column} to its "
+            f"default would fail from then on: ALTER TABLE memories ALTER COLUMN {column} SET "
+            f"DEFAULT {migration.DEFAULTS[column]}; (or a value of yours inside it)"
+        )
+    return problems
+
+
+def _default_refused(conn: Connection, column: str, expression: str, check: str) -> bool:
+    conn.exec_driver_sql("SAVEPOINT memory_gc_default")
+    try:
+        accepted = conn.exec_driver_sql(
+            f"SELECT ({check}) IS NOT FALSE FROM (SELECT {expression} AS {column}) AS d"
+        ).scalar()
+    except sa.exc.DBAPIError as exc:
+        if _session_trouble(exc):
+            raise
+        accepted = True  # (a type the contract does not take: named with the columns)
+    finally:
+        if not conn.invalidated:
+            conn.exec_driver_sql("ROLLBACK TO SAVEPOINT memory_gc_default")
+    return not accepted
 
 
 def _printed_checks(conn: Connection, checks: dict[str, str]) -> dict[str, str]:

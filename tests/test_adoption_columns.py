@@ -135,3 +135,42 @@ def test_a_deterministic_collation_other_than_the_default_is_adopted(
     execute(url, store)
     code, _, err = migrate(monkeypatch, url, capsys)
     assert code == 0, err
+
+
+@pytest.mark.parametrize(
+    ("column", "default", "fix"),
+    [
+        ("status", "'live'", "ALTER TABLE memories ALTER COLUMN status SET DEFAULT 'active';"),
+        ("importance", "0", "ALTER TABLE memories ALTER COLUMN importance SET DEFAULT 3;"),
+        ("confidence", "2", "ALTER TABLE memories ALTER COLUMN confidence SET DEFAULT 1.0;"),
+    ],
+)
+def test_a_default_of_yours_outside_a_check_migrate_adds_is_named(
+    empty_database_url, monkeypatch, capsys, column, default, fix
+):
+    """An application whose status defaults to 'live' (its rows mapped to 'active' as the
+    refusal of its rows says) was adopted with that default kept, and migrate's own CHECK
+    added: from then on every insert of the application's that leaves status to its default
+    failed (CheckViolation) — adopting broke the application's writes (found by an operator
+    walkthrough). Named at adoption with the default to set, exit 2, nothing changed."""
+    url = empty_database_url
+    execute(url, app_store() + f"ALTER TABLE memories ALTER COLUMN {column} SET DEFAULT {default};")
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2, err
+    assert fix in err, err
+    assert untouched(url)
+
+
+def test_defaults_of_yours_inside_migrates_checks_are_kept(empty_database_url, monkeypatch, capsys):
+    """A default of the application's that the contract's CHECKs accept (importance 5, a
+    confidence of 0.9) is adopted as it is."""
+    url = empty_database_url
+    execute(url, app_store() + "ALTER TABLE memories ALTER COLUMN importance SET DEFAULT 5,"
+                 " ALTER COLUMN confidence SET DEFAULT 0.9;")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 0, err
+    kept = scalar(url, "SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef JOIN pg_attribute"
+                       " ON attrelid = adrelid AND attnum = adnum"
+                       " WHERE adrelid = 'memories'::regclass"
+                       " AND attname = 'importance'")  # fmt: skip
+    assert kept == "5"

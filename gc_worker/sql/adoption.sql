@@ -208,6 +208,12 @@ FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d
 WHERE d.adrelid = to_regclass('pg_temp.memory_gc_probe')
   AND pg_get_expr(d.adbin, d.adrelid) LIKE '%nextval(%'
 
+-- column_defaults --
+-- The defaults of memories' columns of the given names (a column without one: no row).
+SELECT a.attname AS name, pg_get_expr(d.adbin, d.adrelid) AS expression
+FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+WHERE d.adrelid = to_regclass('memories') AND NOT a.attisdropped AND a.attname = ANY(:names)
+
 -- contract_check_definitions --
 -- The definitions of the CHECKs of the given names on memories and on adoption's copy of its
 -- columns (pg_temp.memory_gc_contract), as PostgreSQL prints them: an application's CHECK of
