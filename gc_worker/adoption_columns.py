@@ -102,6 +102,13 @@ def memories_column_problems(conn: Connection, relation: Any, embedding_dim: int
     return problems
 
 
+def type_fits(column: Any, type_: str) -> bool:
+    """Whether ``column`` (a row of ``columns_of``) has a type the contract's ``type_`` takes."""
+    if type_ == "vector":
+        return column.base_type == "vector"
+    return column.type_name in ACCEPTED.get(type_, {type_})
+
+
 def _column_problems(column: Any, type_: str, not_null: bool, embedding_dim: int) -> list[str]:
     name, problems = column.name, []
     if type_ == "vector":
@@ -112,11 +119,10 @@ def _column_problems(column: Any, type_: str, not_null: bool, embedding_dim: int
             )
         elif stored is not None and stored != embedding_dim:
             problems.append(dim_mismatch(embedding_dim, stored))
-    elif column.type_name not in ACCEPTED.get(type_, {type_}):
+    elif not type_fits(column, type_):
         problems.append(
             f"column {name} is {column.type_name}, memory-gc needs {type_}: "
-            f"ALTER TABLE memories ALTER COLUMN {name} TYPE {type_} "
-            + _converted(name, column.type_name, type_)
+            + _type_change(column, type_)
         )
     if not_null and not column.not_null:
         problems.append(
@@ -136,6 +142,8 @@ def _column_problems(column: Any, type_: str, not_null: bool, embedding_dim: int
             "memory-gc, so one batch, cap or group would span two users (or slots): ALTER "
             f'TABLE memories ALTER COLUMN {name} TYPE text COLLATE "default";'
         )
+    if column.identity and _uncast(column.type_name, type_):
+        return problems  # (the type change drops the identity)
     return problems + _generated_problems(column)
 
 
@@ -163,6 +171,39 @@ WRITES_NULL = {
     "superseded_by": ("a row an erasure puts back on the read path is replaced by nothing", ""),
     "deleted_at": ("a row an erasure puts back on the read path is not deleted", ""),
 }
+
+
+# Conversions PostgreSQL has no cast for ("cannot cast type bigint to uuid"), from an integer
+# column: a serial id becomes the uuid holding its number (the same expression converts a
+# column of the application's that names one), a 0/1 flag a boolean.
+INTEGERS = {"smallint", "integer", "bigint"}
+UNCAST = {"uuid": "lpad(to_hex({name}), 32, '0')::uuid", "boolean": "{name} <> 0"}
+
+
+def _type_change(column: Any, type_: str) -> str:
+    """The statement that converts ``column`` to the contract's ``type_``."""
+    name, stored = column.name, column.type_name
+    alter = f"ALTER COLUMN {name} "
+    if not _uncast(stored, type_):
+        return f"ALTER TABLE memories {alter}TYPE {type_} " + _converted(name, stored, type_)
+    # the column's default (a serial's nextval, a 0) cannot be cast either: swapped for the
+    # contract's, in the same statement; an identity (no type but integers) goes first
+    default = {spec[0]: spec[3] for spec in MEMORIES}[name]
+    steps = [
+        *(["DROP DEFAULT"] * (column.filled and not column.identity)),
+        f"TYPE {type_} USING {UNCAST[type_].format(name=name)}",
+        *([f"SET DEFAULT {default}"] if default else []),
+    ]
+    unidentified = f"ALTER TABLE memories {alter}DROP IDENTITY; " if column.identity else ""
+    return (
+        unidentified + "ALTER TABLE memories " + ", ".join(alter + step for step in steps) + ";"
+        + (" (convert the columns of yours that name a memory the same way, their foreign keys"
+           " dropped first and added again)" if type_ == "uuid" else "")
+    )  # fmt: skip
+
+
+def _uncast(stored: str, type_: str) -> bool:
+    return stored in INTEGERS and type_ in UNCAST
 
 
 def _converted(name: str, stored: str, type_: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from gc_worker.adoption_columns import columns_of
+from gc_worker.adoption_columns import MEMORIES, columns_of, type_fits
 from gc_worker.queries import q
 
 # What brings rows inside each CHECK migration 0001 adds (it names the rows outside one).
@@ -240,14 +240,17 @@ def check_problems(conn: Connection) -> list[str]:
 
 def _probe_table(conn: Connection) -> set[str]:
     """memory_gc_probe, a temporary copy of memories with its CHECKs and defaults but not its
-    NOT NULLs (only the CHECKs are probed); the names of its columns."""
+    NOT NULLs (only the CHECKs are probed); the names of its columns, less the contract's of
+    another type (a bigint id refused the worker's uuid: named again as a CHECK's failure)."""
     conn.exec_driver_sql(
         "CREATE TEMP TABLE memory_gc_probe"
         " (LIKE memories INCLUDING CONSTRAINTS INCLUDING DEFAULTS) ON COMMIT DROP"
     )
     present = set()
+    contract = {spec[0]: spec[1] for spec in MEMORIES}
     for column in columns_of(conn, "memory_gc_probe"):  # only the CHECKs are probed
-        present.add(column.name)
+        if column.name not in contract or type_fits(column, contract[column.name]):
+            present.add(column.name)  # (one of another type: listed apart, not probed)
         if column.not_null:
             conn.exec_driver_sql(
                 f'ALTER TABLE memory_gc_probe ALTER COLUMN "{column.name}" DROP NOT NULL'

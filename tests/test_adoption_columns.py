@@ -174,3 +174,35 @@ def test_defaults_of_yours_inside_migrates_checks_are_kept(empty_database_url, m
                        " WHERE adrelid = 'memories'::regclass"
                        " AND attname = 'importance'")  # fmt: skip
     assert kept == "5"
+
+
+@pytest.mark.parametrize("id_column", ["bigserial", "bigint GENERATED ALWAYS AS IDENTITY"])
+def test_the_advice_converting_integer_ids_and_flags_runs_and_keeps_them(
+    empty_database_url, monkeypatch, capsys, id_column
+):
+    """An application with a `bigserial` id and a `smallint` pinned flag (0/1) was told
+    `ALTER … id TYPE uuid USING id::uuid;` and `… pinned TYPE boolean USING pinned::boolean;`:
+    PostgreSQL has neither cast ("cannot cast type bigint to uuid"), and the serial's default
+    cannot be cast either, so the advice failed as written; the probe also listed the id's
+    type once more, as a default or CHECK of the application's refusing the worker's rows
+    (found by an operator walkthrough). The advice now runs: the id maps to a uuid holding its
+    number (the same mapping converts a column of the application's that names one), the flag
+    to `<> 0`, and each column's default is swapped for the contract's."""
+    url = empty_database_url
+    execute(url, app_store(lineage=False) + "ALTER TABLE memories DROP COLUMN id,"
+                 f" ADD COLUMN id {id_column} PRIMARY KEY, ALTER COLUMN pinned DROP DEFAULT,"
+                 " ALTER COLUMN pinned TYPE smallint USING pinned::int,"
+                 " ALTER COLUMN pinned SET DEFAULT 0;"
+                 " UPDATE memories SET pinned = 1 WHERE content = 'likes tea';"
+                 " ALTER TABLE memories ADD CONSTRAINT app_text"
+                 " CHECK (content <> '');")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2, err
+    assert "a row the worker writes fails" not in err, err
+    fixes = re.findall(r"ALTER TABLE memories ALTER COLUMN (?:id|pinned) [^;]*;", err)
+    assert len(fixes) == 2 + ("IDENTITY" in id_column), err
+    execute(url, " ".join(fixes))
+    assert migrate(monkeypatch, url, capsys)[0] == 0
+    pinned = "SELECT id::text || ' ' || pinned::text FROM memories WHERE content = 'likes tea'"
+    assert scalar(url, pinned) == "00000000-0000-0000-0000-000000000001 true"
+    assert scalar(url, "SELECT count(*) FROM memories WHERE NOT pinned") == 1
