@@ -97,6 +97,7 @@ def memories_column_problems(conn: Connection, relation: Any, embedding_dim: int
         and col.not_null
         and not col.filled
     ]
+    problems += _sentinel_default_problems(conn)
     if "id" in columns and not conn.execute(q("id_is_unique")).scalar():
         problems.append("id is not unique on its own: ALTER TABLE memories ADD PRIMARY KEY (id);")
     return problems
@@ -204,6 +205,32 @@ def _type_change(column: Any, type_: str) -> str:
 
 def _uncast(stored: str, type_: str) -> bool:
     return stored in INTEGERS and type_ in UNCAST
+
+
+# Contract columns without a default whose NULL means something ("no slot", "open-ended"): a
+# default of the application's there stands for none, and every row it writes without the
+# column takes it. Adopted, a slot defaulting to '' made all of a user's new rows one slot:
+# the next run obsoleted all of them but the latest.
+SENTINEL_DEFAULTS = {
+    "slot": "every row the application writes without a slot would take it, and memory-gc "
+    "reads it as one slot: the read path shows one of those rows per user, the contradiction "
+    "job obsoletes the others",
+    "valid_until": "every row the application writes without one would take it, and "
+    "memory-gc reads a valid_until of a row's own as a temporary override (read rule, "
+    "contradiction job)",
+}
+
+
+def _sentinel_default_problems(conn: Connection) -> list[str]:
+    names = list(SENTINEL_DEFAULTS)
+    return [
+        f"column {row.name} defaults to {row.expression}, where memory-gc's contract has none "
+        f"(NULL): {SENTINEL_DEFAULTS[row.name]}: ALTER TABLE memories ALTER COLUMN {row.name} "
+        f"DROP DEFAULT; UPDATE memories SET {row.name} = NULL WHERE {row.name} = "
+        f"{row.expression}; (the rows holding it, if it stands for none)"
+        for row in conn.execute(q("column_defaults"), {"names": names})
+        if row.name == "slot" or row.expression.startswith("'infinity'")
+    ]  # (a valid_until default of now() + an interval is a window of the application's)
 
 
 def _converted(name: str, stored: str, type_: str) -> str:

@@ -206,3 +206,49 @@ def test_the_advice_converting_integer_ids_and_flags_runs_and_keeps_them(
     pinned = "SELECT id::text || ' ' || pinned::text FROM memories WHERE content = 'likes tea'"
     assert scalar(url, pinned) == "00000000-0000-0000-0000-000000000001 true"
     assert scalar(url, "SELECT count(*) FROM memories WHERE NOT pinned") == 1
+
+
+@pytest.mark.parametrize(
+    ("column", "default", "stored"),
+    [("slot", "''", "'likes'"), ("valid_until", "'infinity'", "'2027-01-01T00:00:00Z'")],
+)
+@pytest.mark.parametrize("not_null", [True, False])
+def test_a_default_standing_for_none_on_slot_or_valid_until_is_refused(
+    empty_database_url, monkeypatch, capsys, column, default, stored, not_null
+):
+    """An application whose slot was `NOT NULL DEFAULT ''` followed the advice (DROP NOT NULL,
+    set the '' rows to NULL) and was adopted with the default kept: every memory it wrote
+    afterwards without a slot got '' again, one slot per user, and the next run obsoleted all
+    of a user's new rows but the latest (slot_replaced); a valid_until defaulting to
+    'infinity' made every new row a temporary override (found by an operator walkthrough).
+    The default is named with DROP DEFAULT (and the rows holding it), NOT NULL or not; the
+    statements listed then adopt the table, and a row written after keeps no slot."""
+    url = empty_database_url
+    execute(
+        url,
+        app_store() + f"UPDATE memories SET {column} = {default};"
+        f" UPDATE memories SET {column} = {stored} WHERE content = 'likes tea';"
+        f" ALTER TABLE memories ALTER COLUMN {column} SET DEFAULT {default};"
+        + f" ALTER TABLE memories ALTER COLUMN {column} SET NOT NULL;"
+        * not_null,
+    )
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 2, err
+    assert f"ALTER TABLE memories ALTER COLUMN {column} DROP DEFAULT;" in err, err
+    assert untouched(url)
+    fixes = re.findall(rf"(?:ALTER TABLE|UPDATE) memories (?:ALTER COLUMN {column}|SET) [^;]*;",
+                       err)  # fmt: skip
+    execute(url, " ".join(dict.fromkeys(fixes)))
+    assert migrate(monkeypatch, url, capsys)[0] == 0
+    execute(url, "INSERT INTO memories (user_id, content) VALUES ('u1', 'new')")
+    assert scalar(url, f"SELECT count(*) FROM memories WHERE {column} IS NULL") == 2
+
+
+def test_a_validity_window_default_is_adopted(empty_database_url, monkeypatch, capsys):
+    """A valid_until defaulting to now() + 30 days gives each row a window of the
+    application's, not a value standing for none: adopted as it is."""
+    url = empty_database_url
+    execute(url, app_store() + "ALTER TABLE memories ALTER COLUMN valid_until"
+                 " SET DEFAULT now() + interval '30 days';")  # fmt: skip
+    code, _, err = migrate(monkeypatch, url, capsys)
+    assert code == 0, err

@@ -209,10 +209,13 @@ WHERE d.adrelid = to_regclass('pg_temp.memory_gc_probe')
   AND pg_get_expr(d.adbin, d.adrelid) LIKE '%nextval(%'
 
 -- column_defaults --
--- The defaults of memories' columns of the given names (a column without one: no row).
+-- The defaults of memories' columns of the given names (a column without one, or generated:
+-- no row; DEFAULT NULL stores none).
 SELECT a.attname AS name, pg_get_expr(d.adbin, d.adrelid) AS expression
 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-WHERE d.adrelid = to_regclass('memories') AND NOT a.attisdropped AND a.attname = ANY(:names)
+WHERE d.adrelid = to_regclass('memories') AND NOT a.attisdropped AND a.attgenerated = ''
+  AND a.attname = ANY(:names)
+ORDER BY a.attnum
 
 -- contract_check_definitions --
 -- The definitions of the CHECKs of the given names on memories and on adoption's copy of its
