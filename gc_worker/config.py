@@ -243,8 +243,9 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             if _service_link(rest, raw):
                 continue
             options = [ENV_PREFIX + n for n in sorted(RUNTIME_ENV)]
+            meant = difflib.get_close_matches(name, options + _option_variables(), 1, 0.8)
             raise ConfigError(
-                f"unknown variable {name}{_did_you_mean(name, options)}; options are "
+                f"unknown variable {name}{_did_you_mean(name, meant or options)}; options are "
                 f"{ENV_PREFIX}<SECTION>__<KEY>, e.g. MEMORY_GC_DECAY__HALF_LIFE_DAYS"
             )
         section, key = rest.lower().split("__", 1)
@@ -301,6 +302,16 @@ def _check_text(merged: Mapping[str, Mapping[str, Any]], origin: Mapping) -> Non
                 )
 
 
+def _option_variables() -> list[str]:
+    """Every option's variable (MEMORY_GC_DECAY__HALF_LIFE_DAYS, …): what a variable with one
+    underscore between section and key most likely meant."""
+    return [
+        f"{ENV_PREFIX}{section.upper()}__{key.upper()}"
+        for section, field in Settings.model_fields.items()
+        for key in field.annotation.model_fields  # type: ignore[union-attr]
+    ]
+
+
 def _did_you_mean(word: str, options: list[str]) -> str:
     close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
     return f" (did you mean `{close[0]}`?)" if close else f" (valid: {', '.join(options)})"
@@ -351,8 +362,9 @@ def _describe(err: Mapping[str, Any], merged: Mapping[str, Any], origin: Mapping
     width = _tuple_width(section, key)
     if err["type"] == "value_error":  # a validator's own message says what is allowed
         problem = err["msg"].removeprefix("Value error, ")
-    elif width and (len(loc) > 2 or err["type"] in ("too_short", "too_long")):
-        problem = f"expected a list of exactly {width} numbers"  # not "Field required" per slot
+    elif width and (len(loc) > 2 or err["type"] in ("too_short", "too_long", "tuple_type")):
+        example = list(_field(section, key).default)  # not "Field required" per slot, nor
+        problem = f"expected a list of exactly {width} numbers, e.g. {example}"  # "tuple"
     else:
         problem = err["msg"] + _allowed(section, key)
     return (

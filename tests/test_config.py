@@ -77,6 +77,23 @@ class TestErrors:
         with pytest.raises(ConfigError, match="MEMORY_GC_DATABASE_URL"):
             load_settings(env={"MEMORY_GC_DATABASE_ULR": "x"})
 
+    def test_an_option_with_one_underscore_names_the_option(self):
+        """MEMORY_GC_DECAY_HALF_LIFE_DAYS (one underscore between section and key) was
+        answered "did you mean `MEMORY_GC_DATA_DIR`?": the closest runtime variable, not the
+        option meant (found by an operator walkthrough). The options are candidates too."""
+        with pytest.raises(ConfigError, match="did you mean `MEMORY_GC_DECAY__HALF_LIFE_DAYS`"):
+            load_settings(env={"MEMORY_GC_DECAY_HALF_LIFE_DAYS": "45"})
+        with pytest.raises(ConfigError, match="did you mean `MEMORY_GC_USER_CAP__MAX_MEMORIES`"):
+            load_settings(env={"MEMORY_GC_USER_CAP_MAX_MEMORIES": "45"})
+
+    def test_a_list_option_not_written_as_a_list_says_how(self):
+        """MEMORY_GC_DECAY__IMPORTANCE_MULTIPLIERS=1,2,3,4,5 (not a TOML list) was answered
+        "Input should be a valid tuple (allowed: tuple)": it now says it takes a list of five
+        numbers, written as TOML writes one."""
+        env = {"MEMORY_GC_DECAY__IMPORTANCE_MULTIPLIERS": "1,2,3,4,5"}
+        with pytest.raises(ConfigError, match=r"a list of exactly 5 numbers, e\.g\. \[0\.5,"):
+            load_settings(env=env)
+
     @pytest.mark.parametrize(
         ("env", "fragment"),
         [
