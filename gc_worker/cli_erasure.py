@@ -7,6 +7,7 @@ could not finish (the request stays pending for the next run) or residues found.
 from __future__ import annotations
 
 import argparse
+import shlex
 from typing import Any
 
 from gc_worker.cli import Context, not_ahead, parse_now, parse_uuid, user_id_arg
@@ -92,7 +93,11 @@ def _forget(ctx: Context, args: argparse.Namespace, **target: Any) -> int:
     state = "filed" if request.created else "already pending (same request)"
     print(f"erasure request {request.id} for {what}: {state}")
     if run_id is None:
-        print("the next run erases it; `memory-gc run --user ID` does it now, --purge-now at once")
+        # the request's user (a memory request's is the memory's), and the erasure job alone:
+        # a run of every job would retire the user's expired and unused rows too
+        user_arg = shlex.quote(printable(request.user_id))
+        print(f"the next run erases it; `memory-gc run --user {user_arg} --job erasure` does it "
+              "now, --purge-now at once")  # fmt: skip
         return 0
     with engine.connect() as conn:
         done = erasure.get_request(conn, request.id)

@@ -186,6 +186,21 @@ class TestCommandLine:
         assert "already pending" in capsys.readouterr().out
         assert [r["status"] for r in requests(engine)] == ["pending"]
 
+    def test_forget_suggests_a_command_that_erases_only(self, engine, cli_env, capsys):
+        """`forget MEMORY_ID` suggested `memory-gc run --user ID`: a placeholder for a user the
+        operator of a memory request does not know, and a run of every job, which retires the
+        user's expired and unused rows too (found by an operator walkthrough). It names the
+        memory's user and the erasure job; run as printed, it erases and changes nothing else."""
+        target = add(engine, "u-7")
+        expired = add(engine, "u-7", expires_at=NOW - 3650 * DAY)
+        assert main(["forget", str(target)]) == 0
+        out = capsys.readouterr().out
+        suggested = out.split("`memory-gc ", 1)[1].split("`", 1)[0].split()
+        assert suggested == ["run", "--user", "u-7", "--job", "erasure"], out
+        assert main(suggested) == 0
+        assert status(engine, target) == "deleted"
+        assert status(engine, expired) == "active"
+
     def test_verify_with_residues_exits_1(self, engine, settings, cli_env, capsys):
         """Before the purge, verify-erasure lists each residue with its table and exits 1."""
         add(engine, "u1", "Lives in Quokkaville")
