@@ -2,7 +2,8 @@
 
 A job's ``plan_*`` function turns candidate rows into actions; the executor (gc_worker.execute)
 carries them out. Actions sharing a ``group`` stand or fall together: if any member row drifted
-between plan and apply, none of the group is applied.
+between plan and apply, none of the group is applied; an action whose
+``details.depends_on_group`` names a group is not applied when that group is not (one way).
 """
 
 from __future__ import annotations

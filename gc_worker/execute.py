@@ -359,14 +359,23 @@ def drifted_actions(
     actions: Sequence[Action], versions: Versions, broken: set[int] = frozenset()
 ) -> set[int]:
     """ids() of actions whose row changed since planning, or whose premise ``broken``
-    (broken_premises), widened to their whole group."""
+    (broken_premises), widened to their whole group and to the actions that rest on a drifted
+    group (``details.depends_on_group``: one way, the group does not drift with them)."""
     bad = set(broken) | {
         id(a)
         for a in actions
         if a.row_version is not None and versions.of(a, a.memory_id) != a.row_version
     }
-    bad_groups = {a.group for a in actions if id(a) in bad and a.group is not None}
-    return bad | {id(a) for a in actions if a.group is not None and a.group in bad_groups}
+    while True:
+        groups = {a.group for a in actions if id(a) in bad and a.group is not None}
+        more = {
+            id(a)
+            for a in actions
+            if a.group in groups or a.details.get("depends_on_group") in groups
+        }
+        if more <= bad:
+            return bad
+        bad |= more
 
 
 def _apply(

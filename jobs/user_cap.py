@@ -43,8 +43,11 @@ invalid for a chunk, the user's later chunks are not asked (the chunks already m
 are listed as ``deferred`` (reason ``llm_unavailable`` / ``llm_invalid`` / ``llm_budget``;
 details.memory_ids = their rows, details.over_cap_by = how far over the cap the user stays).
 Rows the run's ``max_summaries_per_user`` chunks could not take are listed the same way, reason
-``summary_rows``; a user whose rows changed between the ranking and the fold read gets no
-action but that listing, reason ``rows_changed``.
+``summary_rows``. While the user stays over the cap, a taken row that may not be folded is
+evicted only when ranked before the most valuable folded row, and that eviction rests on the
+most valuable summary (``details.depends_on_group``: it drifts with that summary at apply). A
+user whose rows changed between the ranking and the fold read gets no action but that listing,
+reason ``rows_changed``.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from uuid import UUID
 
 import structlog
 
-from gc_worker.actions import Action, soft_delete
+from gc_worker.actions import Action, Kind, soft_delete
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
 from gc_worker.llm import (
@@ -209,14 +212,17 @@ def plan_overflow(
         stop = reason if down else stop
         made += [chunk] if planned else []
         actions += planned
-    return actions + leftovers(ctx, overflow, made, reason), stop
+    groups = [a.group for a in actions if a.action is Kind.CREATE_MERGED]
+    return actions + leftovers(ctx, overflow, made, reason, groups), stop
 
 
 def leftovers(
-    ctx: BatchContext, overflow: Overflow, made: Sequence[Sequence[Any]], reason: str | None
-) -> list[Action]:
-    """After the chunks (``made``: those folded, a prefix): the plain evictions, and what waits,
-    listed as ``deferred`` with how far over the cap the user stays — the chunks not made
+    ctx: BatchContext, overflow: Overflow, made: Sequence[Sequence[Any]], reason: str | None,
+    groups: Sequence[str] = (),
+) -> list[Action]:  # fmt: skip
+    """After the chunks (``made``: those folded, a prefix; ``groups``: their action groups):
+    the plain evictions, and what waits, listed as ``deferred`` with how far over the cap the
+    user stays — the chunks not made
     (``reason``: why) and the rows no chunk could take (summary_rows). With the fallback, a
     chunk not made means the least valuable rows not folded are evicted down to the cap."""
     folded = {row.id for chunk in made for row in chunk}
@@ -234,7 +240,10 @@ def leftovers(
         top = rank[made[0][-1].id] if made else -1
         kept_out = [(row, why) for row, why in kept_out if rank[row.id] < top]
     over = overflow.excess - shrunk - len(kept_out)
-    actions = [soft_delete(NAME, row, REASON, not_folded=why) for row, why in kept_out]
+    # the user stays over the cap: those evictions rest on the most valuable chunk's fold (a
+    # drift of it at apply leaves them waiting too)
+    rests = {"depends_on_group": groups[0]} if over and groups else {}
+    actions = [soft_delete(NAME, row, REASON, not_folded=why, **rests) for row, why in kept_out]
     if reason is not None:
         unmade = [row.id for chunk in reversed(overflow.chunks[len(made) :]) for row in chunk]
         actions.append(deferred(NAME, overflow.user_id, unmade, reason, over_cap_by=over))
