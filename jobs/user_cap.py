@@ -6,9 +6,10 @@ Options (``[user_cap]``):
     fallback_to_evict = false   with "summarize": evict anyway when the LLM can't summarise
     max_summary_depth = 1  a summary is not folded into a summary-of-summaries beyond this
     max_summary_rows = 20  rows one summary folds at most
-    max_summaries_per_user = 10  summaries (chunks) one user gets in one run at most; when they
-                           cannot bring the user to the cap the least valuable rows wait for
-                           the next run (or with the fallback are evicted)
+    max_summaries_per_user = 10  chunks one user's rows are cut into in one run at most (a
+                           rejected chunk's parts are each a summary too); when they cannot
+                           bring the user to the cap the least valuable rows wait for the next
+                           run (or with the fallback are evicted)
 
 Eviction order: lowest importance first (as re-assessed earlier in the run), then least recently
 used (last_accessed_at, else created_at), then oldest, then id. ``overflow = "evict"`` emits
@@ -36,25 +37,34 @@ among the folded rows: no fact outlives its own.
 
 Summarising needs at least two foldable rows among the taken ones and ``active - cap + 1``
 evictable rows; otherwise (pinned rows leave too little room) eviction is plain, exactly as with
-``overflow = "evict"``. When the LLM is offline, unavailable, out of budget or its answer is
-invalid for a chunk, the user's later chunks are not asked (the chunks already made stay): with
-``fallback_to_evict`` the least valuable rows not folded are evicted plainly down to the cap
-(``details.fallback`` says why); without it the user stays over the cap and the chunks not made
-are listed as ``deferred`` (reason ``llm_unavailable`` / ``llm_invalid`` / ``llm_budget``;
-details.memory_ids = their rows, details.over_cap_by = how far over the cap the user stays).
-Rows the run's ``max_summaries_per_user`` chunks could not take are listed the same way, reason
-``summary_rows``. While the user stays over the cap, a taken row that may not be folded is
-evicted only when ranked before the most valuable folded row, and that eviction rests on the
-most valuable summary (``details.depends_on_group``: it drifts with that summary at apply). A
-user whose rows changed between the ranking and the fold read gets no action but that listing,
-reason ``rows_changed``.
+``overflow = "evict"``. A chunk whose summary is rejected (``llm_invalid``: malformed, or
+dropping a folded row's facts) is asked again in parts (jobs.user_cap_fold: halves, depth first,
+the more valuable first, at most ``2 * ceil(log2(rows))`` further calls); each part that passes
+is its own summary. Rows no part could fold are *set aside*: listed as ``deferred`` (reason
+``llm_invalid``), they count as the user's like pinned rows, hold back no eviction, and the
+user's next foldable rows are cut into chunks in their place (another round, ``next_round``,
+within the run's ``max_summaries_per_user`` chunks; rows read on past the first ranking); the
+first round's plain evictions stand, a later round evicts nothing. One row the model cannot
+fold no longer keeps its user over the cap. When the LLM is offline, unavailable, out of budget,
+refuses a request for its content, or isolation is off for the batch (a model that never
+answers validly) and a chunk is rejected, the user's questions end (the summaries already made
+stay): with ``fallback_to_evict`` the least valuable rows not folded are evicted plainly down to
+the cap (``details.fallback`` says why; set-aside rows too); without it the user stays over the
+cap and the rows not folded are listed as ``deferred`` (reason ``llm_unavailable`` /
+``llm_invalid`` / ``llm_budget``; details.memory_ids = their rows, details.over_cap_by = how far
+over the cap the user stays, in every listing of the user; 0 when rows set aside were made up
+for). Rows the run's chunks could not take are listed the same way, reason ``summary_rows``.
+A taken row that may not be folded is evicted only when something was folded; while the user
+stays over the cap for such a reason, only when ranked before the most valuable folded row, and
+that eviction rests on that summary (``details.depends_on_group``: it drifts with it at apply).
+A user whose rows changed between the ranking and the fold read gets no action but that
+listing, reason ``rows_changed``.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -62,30 +72,17 @@ from uuid import UUID
 
 import structlog
 
-from gc_worker.actions import Action, Kind, soft_delete
+from gc_worker.actions import Action, soft_delete
 from gc_worker.batch import BatchContext
 from gc_worker.config import Settings
-from gc_worker.llm import (
-    LLMBudgetExhausted,
-    LLMError,
-    LLMInvalidAnswer,
-    LLMUnavailable,
-    centroid_embedding,
-)
 from gc_worker.queries import q
-from jobs.importance import BUDGET, INVALID, UNAVAILABLE
-from jobs.llm_support import Refusals, deferred
-from jobs.text_facts import unsupported_reason
-from jobs.user_cap_records import (
-    NAME,
-    REASON,
-    Overflow,
-    summary_actions,
-    summary_record,
-)
+from jobs.importance import INVALID, UNAVAILABLE
+from jobs.llm_support import deferred
+from jobs.user_cap_fold import Answer, Folding, ModelState, fold_chunk, fold_chunks
+from jobs.user_cap_fold import summary_embedding as summary_embedding  # (re-exported)
+from jobs.user_cap_records import NAME, REASON, Overflow
 from jobs.user_cap_records import summary_depth as summary_depth  # (re-exported)
-from jobs.user_cap_split import WAITING, eviction_key, split_overflow
-from jobs.user_cap_split import fold_blocker as fold_blocker  # (re-exported)
+from jobs.user_cap_split import WAITING, eviction_key, fold_blocker, split_overflow
 
 log = structlog.get_logger("memory_gc")
 
@@ -130,123 +127,112 @@ def evictions(rows: Iterable[Any], **details: Any) -> list[Action]:
     return [soft_delete(NAME, row, REASON, **details) for row in rows]
 
 
-def failure_reason(ctx: BatchContext, exc: Exception) -> str:
-    """The deferral reason for a failed summary, counting the errors."""
-    if isinstance(exc, LLMBudgetExhausted):
-        return BUDGET
-    if isinstance(exc, LLMInvalidAnswer | LLMUnavailable):
-        ctx.job_stats(NAME).errors += 1
-    return INVALID if isinstance(exc, LLMInvalidAnswer) else UNAVAILABLE
-
-
-def summary_embedding(
-    ctx: BatchContext, text: str, fold: Sequence[Any], full: Mapping[UUID, Any]
-) -> tuple[list[float] | None, str]:
-    """(embedding, where it came from): the embeddings port, else the members' centroid (the
-    port failed, or ``[embeddings] model = ""`` configures none)."""
-    if ctx.llm.options.embedding_model:
-        try:
-            return ctx.llm.embed([text])[0], "embeddings_model"
-        except LLMError as exc:
-            log.warning("user_cap.summary_embedding_failed", error=str(exc))
-    # an adopted store's unconstrained ``vector`` column may hold another model's vectors
-    dim = ctx.settings.embeddings.dim
-    stored = [json.loads(full[row.id].embedding) for row in fold if full[row.id].embedding]
-    vectors = [v for v in stored if len(v) == dim and any(v)]
-    if not vectors:
-        return None, "none"
-    return centroid_embedding(vectors), "centroid"
-
-
-def fold_chunk(
-    ctx: BatchContext, user_id: str, chunk: Sequence[Any], full: Mapping[UUID, Any],
-    refusals: Refusals,
-) -> tuple[list[Action], str | None, bool]:  # fmt: skip
-    """One chunk's summary: (its actions, why none was made, whether the model is not to be
-    asked again in this batch: unavailable after its retries, budget spent — a request refused
-    for its own content, 400/413/422, stops nothing until ``refusals`` says a run of them means
-    the server is down; an invalid answer says nothing of the next user's)."""
-    members = [(row.id, full[row.id].content) for row in chunk]
-    ctx.stop_if_asked()
-    try:
-        # the summary is all that stays once the folded rows are purged: it must carry their facts
-        folded = [content for _, content in members]
-        text = ctx.llm.summarize(
-            user_id, members, vet=lambda s: unsupported_reason(s, folded, "summary")
-        )
-    except LLMError as exc:
-        reason = failure_reason(ctx, exc)
-        if isinstance(exc, LLMUnavailable):
-            down = refusals.down_after(exc)
-        else:
-            down = reason != INVALID
-            if not down:
-                refusals.answered()
-        return [], reason, down
-    refusals.answered()
-    embedding, source = summary_embedding(ctx, text, chunk, full)
-    record = summary_record(
-        chunk, full, text=text, embedding=embedding, embedding_source=source,
-        importance=ctx.scored, now_iso=ctx.now.isoformat(),
-    )  # fmt: skip
-    return summary_actions(user_id, chunk, record), None, False
-
-
 def plan_overflow(
-    ctx: BatchContext, overflow: Overflow, full: Mapping[UUID, Any], stop: str | None,
-    refusals: Refusals,
-) -> tuple[list[Action], str | None]:  # fmt: skip
-    """One over-cap user's actions in summarize mode, its chunks folded most valuable first
-    until one cannot be (the rest wait: ``leftovers``); and why the model is not to be asked
-    again in this batch, if so. ``stop``: such a reason from an earlier user — no retry storm
-    against a server that is down."""
+    ctx: BatchContext, overflow: Overflow, full: dict[UUID, Any], model: ModelState
+) -> list[Action]:
+    """One over-cap user's actions in summarize mode: its chunks folded most valuable first
+    (jobs.user_cap_fold: a rejected chunk in parts), round after round while rows the model
+    could not fold are set aside (``next_round``), then what is evicted plainly and what waits
+    (``leftovers``). ``model``: what the batch's earlier questions said of the model — no
+    retry storm against a server that is down. ``full``: the fold rows' complete rows."""
     if not overflow.chunks:
-        return evictions(overflow.evict), stop
-    actions: list[Action] = []
-    made: list[tuple[Any, ...]] = []
-    reason = stop or (UNAVAILABLE if ctx.llm is None else None)
-    for chunk in overflow.chunks:
-        if reason is not None:
+        return evictions(overflow.evict)
+
+    def ask(part: tuple[Any, ...]) -> Answer:
+        return fold_chunk(ctx, overflow.user_id, part, full, model.refusals)
+
+    folding, chunks = Folding(), overflow.chunks
+    chunks_left = ctx.settings.user_cap.max_summaries_per_user
+    waiting = overflow.waiting
+    while chunks:
+        aside = len(folding.waits.get(INVALID, ()))
+        fold_chunks(chunks, ask, model, folding, overflow.user_id)
+        chunks_left -= len(chunks)
+        if len(folding.waits.get(INVALID, ())) == aside or folding.reason or waiting:
+            break  # nothing set aside, or the questions ended, or no chunk is left
+        if chunks_left <= 0 or ctx.settings.user_cap.fallback_to_evict:
             break
-        planned, reason, down = fold_chunk(ctx, overflow.user_id, chunk, full, refusals)
-        stop = reason if down else stop
-        made += [chunk] if planned else []
-        actions += planned
-    groups = [a.group for a in actions if a.action is Kind.CREATE_MERGED]
-    return actions + leftovers(ctx, overflow, made, reason, groups), stop
+        chunks, waiting = next_round(ctx, overflow, folding, full, chunks_left)
+    return folding.actions + leftovers(ctx, replace(overflow, waiting=waiting), folding)
 
 
-def leftovers(
-    ctx: BatchContext, overflow: Overflow, made: Sequence[Sequence[Any]], reason: str | None,
-    groups: Sequence[str] = (),
-) -> list[Action]:  # fmt: skip
-    """After the chunks (``made``: those folded, a prefix; ``groups``: their action groups):
-    the plain evictions, and what waits, listed as ``deferred`` with how far over the cap the
-    user stays — the chunks not made
-    (``reason``: why) and the rows no chunk could take (summary_rows). With the fallback, a
-    chunk not made means the least valuable rows not folded are evicted down to the cap."""
-    folded = {row.id for chunk in made for row in chunk}
-    shrunk = sum(len(chunk) - 1 for chunk in made)
+def next_round(
+    ctx: BatchContext, overflow: Overflow, folding: Folding, full: dict[UUID, Any],
+    chunks_left: int,
+) -> tuple[tuple[tuple[Any, ...], ...], tuple[Any, ...]]:  # fmt: skip
+    """After rows were set aside (no part of them could be folded: they count as the user's,
+    like pinned rows): (chunks of the user's foldable rows not yet taken, to fold in their
+    place, at most ``chunks_left``; rows those chunks could not take). The first round's
+    plain evictions stand; no other row is evicted. No chunk when none brings the user closer
+    to the cap, or a row to fold changed since the ranking."""
+    depth = ctx.settings.user_cap.max_summary_depth
+    out = {row.id for part, _ in folding.made for row in part} | {r.id for r in overflow.evict}
+    out |= {row.id for rows in folding.waits.values() for row in rows}
+    shrunk = sum(len(part) - 1 for part, _ in folding.made)
+    excess = overflow.excess - shrunk - len(overflow.evict)
+    # the first read took just what the first round could use: read on, as far as this one can
+    ranked = candidates(ctx, [overflow.user_id], [len(out) + excess + chunks_left])
+    rows = [r for r in ranked if r.id not in out and fold_blocker(r, depth) is None]
+    cap = ctx.settings.user_cap.max_memories
+    split = split_user(ctx, overflow.user_id, rows, cap + excess, chunks_left)
+    if not split.chunks:
+        return (), ()
+    new = [row.id for row in split.fold if row.id not in full]
+    if new:
+        full.update((r.id, r) for r in ctx.conn.execute(q("user_cap_fold_rows"), {"ids": new}))
+    if any(getattr(full.get(row.id), "user_id", None) != row.user_id for row in split.fold):
+        return (), ()
+    return split.chunks, split.waiting
+
+
+def split_user(
+    ctx: BatchContext, user_id: str, rows: Iterable[Any], active: int, max_chunks: int
+) -> Overflow:
+    """split_overflow with the run's policy."""
+    policy = ctx.settings.user_cap
+    return split_overflow(
+        user_id, rows, active=active, cap=policy.max_memories,
+        max_depth=policy.max_summary_depth, importance=ctx.importance,
+        max_rows=policy.max_summary_rows, max_chunks=max_chunks,
+        fallback=policy.fallback_to_evict,
+    )  # fmt: skip
+
+
+def leftovers(ctx: BatchContext, overflow: Overflow, folding: Folding) -> list[Action]:
+    """After the chunks were asked (``folding``; ``overflow``: the first round's ranking,
+    excess and evictions, the last round's waiting rows): the plain evictions, and what waits,
+    listed as ``deferred`` with how far over the cap the user stays — per reason the rows no
+    summary was made of, and the rows no chunk could take (summary_rows). With the fallback,
+    rows no summary was made of mean the least valuable rows not folded are evicted down to
+    the cap."""
+    folded = {row.id for part, _ in folding.made for row in part}
+    shrunk = sum(len(part) - 1 for part, _ in folding.made)  # each summary is one more row
     kept_out = list(zip(overflow.evict, overflow.not_folded, strict=True))
-    if reason is not None:
-        log.info("user_cap.summary_skipped", user_id=overflow.user_id, reason=reason,
-                 summaries=len(made))  # fmt: skip
+    why = folding.reason or next(iter(folding.waits), None)
+    if why is not None:
+        log.info("user_cap.summary_skipped", user_id=overflow.user_id, reason=why,
+                 summaries=len(folding.made))  # fmt: skip
         if ctx.settings.user_cap.fallback_to_evict:
             rest = [row for row in overflow.ranked if row.id not in folded]
-            return evictions(rest[: overflow.excess - shrunk], fallback=reason)
+            return evictions(rest[: overflow.excess - shrunk], fallback=why)
+    # a row a later round read ranks after every row of the first read (next_round)
+    ranks = {row.id: i for i, row in enumerate(overflow.ranked)}
+    rank = defaultdict(lambda: len(ranks), ranks)
+    top, top_group = max(((rank[p[-1].id], g) for p, g in folding.made), default=(-1, None))
+    held_back = folding.reason is not None or bool(overflow.waiting)
+    if held_back or not folding.made:
         # the user stays over the cap: a row ranked after the most valuable folded one is not
-        # evicted while less valuable rows wait (none is when nothing was folded)
-        rank = {row.id: i for i, row in enumerate(overflow.ranked)}
-        top = rank[made[0][-1].id] if made else -1
-        kept_out = [(row, why) for row, why in kept_out if rank[row.id] < top]
+        # evicted while less valuable rows wait, and none is when nothing was folded (a model
+        # that answers nothing validly changes nothing); rows set aside (no part of them could
+        # be folded) count as pinned ones, they hold back nothing else
+        kept_out = [(row, w) for row, w in kept_out if rank[row.id] < top]
     over = overflow.excess - shrunk - len(kept_out)
-    # the user stays over the cap: those evictions rest on the most valuable chunk's fold (a
-    # drift of it at apply leaves them waiting too)
-    rests = {"depends_on_group": groups[0]} if over and groups else {}
-    actions = [soft_delete(NAME, row, REASON, not_folded=why, **rests) for row, why in kept_out]
-    if reason is not None:
-        unmade = [row.id for chunk in reversed(overflow.chunks[len(made) :]) for row in chunk]
-        actions.append(deferred(NAME, overflow.user_id, unmade, reason, over_cap_by=over))
+    # and those evictions rest on that summary: its drift at apply leaves them waiting too
+    rests = {"depends_on_group": top_group} if held_back and over and top_group else {}
+    actions = [soft_delete(NAME, row, REASON, not_folded=w, **rests) for row, w in kept_out]
+    for reason, rows in folding.waits.items():
+        ids = [row.id for row in sorted(rows, key=lambda row: rank[row.id])]
+        actions.append(deferred(NAME, overflow.user_id, ids, reason, over_cap_by=over))
     if overflow.waiting:
         waiting = [row.id for row in overflow.waiting]
         actions.append(deferred(NAME, overflow.user_id, waiting, WAITING, over_cap_by=over))
@@ -287,22 +273,16 @@ def plan_summaries(
     ctx: BatchContext, rows: Iterable[Any], counts: Mapping[str, int]
 ) -> list[Action]:
     """Summarize-mode actions for every over-cap user of the batch."""
-    policy = ctx.settings.user_cap
     grouped = by_user(rows)
+    chunks = ctx.settings.user_cap.max_summaries_per_user
     overflows = [
-        split_overflow(
-            user_id, grouped[user_id], active=counts[user_id], cap=policy.max_memories,
-            max_depth=policy.max_summary_depth, importance=ctx.importance,
-            max_rows=policy.max_summary_rows, max_chunks=policy.max_summaries_per_user,
-            fallback=policy.fallback_to_evict,
-        )
+        split_user(ctx, user_id, grouped[user_id], counts[user_id], chunks)
         for user_id in sorted(counts)
-    ]  # fmt: skip
+    ]
     fold_ids = [row.id for overflow in overflows for row in overflow.fold]
     full = {row.id: row for row in ctx.conn.execute(q("user_cap_fold_rows"), {"ids": fold_ids})}
     actions: list[Action] = []
-    stop: str | None = None
-    refusals = Refusals()
+    model = ModelState(stop=UNAVAILABLE if ctx.llm is None else None)
     for overflow in overflows:
         still = [
             r.id for r in overflow.fold if getattr(full.get(r.id), "user_id", None) == r.user_id
@@ -315,8 +295,7 @@ def plan_summaries(
                 deferred(NAME, overflow.user_id, still, ROWS_CHANGED, over_cap_by=overflow.excess)
             )
             continue
-        planned, stop = plan_overflow(ctx, overflow, full, stop, refusals)
-        actions += planned
+        actions += plan_overflow(ctx, overflow, full, model)
     return actions
 
 
@@ -333,19 +312,24 @@ def _plan_over_cap(ctx: BatchContext, counts: dict[str, int]) -> list[Action]:
     # k summaries take excess + k rows (jobs.user_cap_split)
     further = ctx.settings.user_cap.max_summaries_per_user if summarize else 1
     users = sorted(counts)
-    params = ctx.params() | {
-        "users": users,
-        "take": [counts[u] - cap + further for u in users],
-        "reassessed_importance": list(ctx.importance.values()),  # aligned with :reassessed
-        "with_metadata": summarize,
-        "held": list(ctx.held),  # rows of a conflict left open earlier in this batch
-    }
-    rows = ctx.conn.execute(q("user_cap_candidates"), params).all()
+    rows = candidates(ctx, users, [counts[u] - cap + further for u in users])
     if summarize:
         return plan_summaries(ctx, rows, counts)
     return plan_user_cap(
         rows, counts, cap=ctx.settings.user_cap.max_memories, importance=ctx.importance
     )
+
+
+def candidates(ctx: BatchContext, users: list[str], take: list[int]) -> list[Any]:
+    """Per user (aligned with ``take``) the first so many evictable rows in eviction order."""
+    params = ctx.params() | {
+        "users": users,
+        "take": take,
+        "reassessed_importance": list(ctx.importance.values()),  # aligned with :reassessed
+        "with_metadata": ctx.settings.user_cap.overflow == "summarize",
+        "held": list(ctx.held),  # rows of a conflict left open earlier in this batch
+    }
+    return ctx.conn.execute(q("user_cap_candidates"), params).all()
 
 
 def asks_model(settings: Settings) -> bool:

@@ -9,7 +9,8 @@ one) that bring the user to the cap are made, at most ``max_summaries_per_user``
 is not enough, that many full chunks of the most valuable taken rows are made and the least
 valuable rows wait (or, with the fallback, are evicted plainly). Chunks are listed most
 valuable first, so the run folds them in that order: whatever a spent budget or an outage
-leaves waiting ranks before every summary made.
+leaves waiting ranks before every summary made in that round (jobs.user_cap_fold; a later round,
+split again around rows the model could not fold, takes only rows ranked after the first's).
 """
 
 from __future__ import annotations

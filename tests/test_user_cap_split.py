@@ -1,6 +1,7 @@
-"""Properties of summarize mode's split of one over-cap user's rows (jobs.user_cap_split) and
-of what a run plans once some of its chunks are made (jobs.user_cap.leftovers), over generated
-rankings: no database, no model (docs/importance-and-caps.md, "Far over the cap")."""
+"""Properties of summarize mode's split of one over-cap user's rows (jobs.user_cap_split), of
+how its chunks are asked, a rejected one in parts (jobs.user_cap_fold), and of what a run plans
+once some of its chunks are made (jobs.user_cap.leftovers), over generated rankings: no
+database, no model (docs/importance-and-caps.md, "Far over the cap")."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from uuid import uuid4
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gc_worker.actions import Kind
+from gc_worker.actions import Action, Kind
+from jobs.importance import INVALID, further_calls
 from jobs.user_cap import leftovers
+from jobs.user_cap_fold import Answer, Folding, ModelState, fold_chunks
 from jobs.user_cap_split import split_overflow
 
 
@@ -88,8 +91,11 @@ class TestLeftovers:
             return
         made = list(overflow.chunks[: case["failed_at"]])
         reason = "llm_unavailable" if len(made) < len(overflow.chunks) else None
+        folding = Folding(made=[(chunk, f"summary:{i}") for i, chunk in enumerate(made)])
+        if reason is not None:
+            folding.end(reason, overflow.chunks[len(made) :])
         ctx = SimpleNamespace(settings=SimpleNamespace(user_cap=overflow_policy(case)))
-        actions = leftovers(ctx, overflow, made, reason)
+        actions = leftovers(ctx, overflow, folding)
         folded = {row.id for chunk in made for row in chunk}
         evicted = {a.memory_id for a in actions if a.action is Kind.SOFT_DELETE}
         listings = [a for a in actions if a.action is Kind.DEFERRED]
@@ -116,3 +122,56 @@ def overflow_policy(case: dict[str, Any]) -> SimpleNamespace:
 
 def folded_rows(made: list[tuple[Any, ...]]) -> list[Any]:
     return [row for chunk in made for row in chunk]
+
+
+@st.composite
+def isolation_cases(draw: st.DrawFn) -> dict[str, Any]:
+    sizes = draw(st.lists(st.integers(2, 20), min_size=1, max_size=4))
+    total = sum(sizes)
+    return {
+        "sizes": sizes,
+        "bad": draw(st.sets(st.integers(0, total - 1), max_size=3)),
+        "stop_after": draw(st.one_of(st.none(), st.integers(0, 40))),  # calls answered
+        "stop": draw(st.sampled_from(["llm_budget", "llm_unavailable"])),
+    }
+
+
+class TestIsolation:
+    @settings(max_examples=400, deadline=None)
+    @given(isolation_cases())
+    def test_parts_fold_around_bad_rows_within_the_bound(self, case) -> None:
+        """A model that rejects any part holding a bad row, and stops answering after so
+        many calls: every chunk row is folded once or waits, a folded part has 2+ rows and no
+        bad row, a chunk costs at most 1 + 2 * ceil(log2(rows)) calls, what the stop leaves
+        waiting ranks before every folded row, and one bad row leaves at most 3 rows aside."""
+        rows = ranked_rows([False] * sum(case["sizes"]))
+        chunks, end = [], len(rows)
+        for size in case["sizes"]:  # most valuable first, each least valuable first
+            chunks.append(tuple(rows[end - size : end]))
+            end -= size
+        chunk_of = {row.id: n for n, chunk in enumerate(chunks) for row in chunk}
+        calls: list[int] = []
+
+        def ask(part: tuple[Any, ...]) -> Answer:
+            calls.append(chunk_of[part[0].id])
+            if case["stop_after"] is not None and len(calls) > case["stop_after"]:
+                return Answer([], case["stop"], down=True)
+            if any(row.rank - 1 in case["bad"] for row in part):
+                return Answer([], INVALID)
+            group = f"summary:{len(calls)}"
+            return Answer([Action("user_cap", Kind.CREATE_MERGED, "u1", "x", group=group)])
+
+        folding, model = Folding(), ModelState()
+        fold_chunks(chunks, ask, model, folding)
+        folded = [row for part, _ in folding.made for row in part]
+        waiting = [row for rows in folding.waits.values() for row in rows]
+        assert sorted(r.rank for r in folded + waiting) == sorted(r.rank for c in chunks for r in c)
+        for part, _ in folding.made:
+            assert len(part) >= 2 and not any(row.rank - 1 in case["bad"] for row in part)
+        for n, chunk in enumerate(chunks):
+            assert calls.count(n) <= 1 + further_calls(len(chunk))
+        stopped = folding.waits.get(case["stop"], [])
+        if stopped and folded:
+            assert max(r.rank for r in stopped) < min(r.rank for r in folded)
+        if len(case["bad"]) == 1 and not stopped and model.isolate:
+            assert len(folding.waits.get(INVALID, [])) <= 3
