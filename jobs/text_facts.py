@@ -49,7 +49,7 @@ from jobs.text_forms import (
     signs,
     split_or_joined,
 )
-from jobs.text_words import content_keys, negation_moved
+from jobs.text_words import content_keys, named_elsewhere, negation_moved
 from jobs.text_words import prepare as _prepare
 from jobs.text_words import stem as _stem
 from jobs.text_words import uncovered as _uncovered
@@ -340,9 +340,9 @@ def differing_facts(text_a: str, text_b: str) -> list[str]:
     """What could make two texts state conflicting facts: a number, date or name (inside a
     sentence: its first word is as often a rephrased verb, "Likes" / "Enjoys") that one states
     and the other replaces — each has one the other lacks ("B1" / "B2"; not "a dog" / "2 cats",
-    which only adds a detail, nor "1 dog" / "2 cats", numbers of two things, nor when either
-    text says it adds: "Also speaks Spanish", "too", "as well") —, a negation, direction or
-    antonym. [] = nothing."""
+    a detail added, nor "1 dog" / "2 cats" or "a dog named Rex" / "a cat named Tom", two
+    things, nor when either text says it adds: "Also speaks Spanish", "too", "as well") —, a
+    negation, direction or antonym. [] = nothing."""
     near = near_miss_reasons(text_a, text_b)
     inverted = [r for r in ("negation", "direction", "antonym") if r in near]
     if adds(_prepare(text_a)) or adds(_prepare(text_b)):
@@ -355,8 +355,9 @@ def differing_facts(text_a: str, text_b: str) -> list[str]:
     a, b = set(_dates(text_a)), set(_dates(text_b))
     if a - b and b - a:
         reasons.append("date")
-    names_a = _inner_names(text_a) - set(_words(text_b))
-    names_b = _inner_names(text_b) - set(_words(text_a))
+    tokens_a, tokens_b = _tokens(text_a), _tokens(text_b)
+    names_a = _inner_names(text_a) - set(_words(text_b)) - named_elsewhere(tokens_a, tokens_b)
+    names_b = _inner_names(text_b) - set(_words(text_a)) - named_elsewhere(tokens_b, tokens_a)
     if names_a and names_b:
         reasons.append("name")
     return reasons + inverted

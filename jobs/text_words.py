@@ -11,6 +11,8 @@ as a word, a word's English Snowball stem, and the content words a merged text m
                                   the clause's end ("Eats fish but not meat": "meat")
     negation_moved(text, sources, negation)   the text negates a word its sources use and
                                   none of them negates
+    named_elsewhere(tokens, other)  the names it gives things ``other`` never mentions ("Rex"
+                                  of "a dog named Rex" against "a cat named Tom")
     same_word(a, b) / uncovered(keys, by)   stems compared, one standing for a longer one it
                                   begins from five letters
 """
@@ -148,3 +150,17 @@ def stem(text: str) -> str:
     if stemmer is None:
         stemmer = _STEMMERS.english = snowballstemmer.stemmer("english")
     return stemmer.stemWord(text)
+
+
+_NAMING = frozenset({"named", "called"})
+
+
+def named_elsewhere(tokens: Sequence[str], other: Sequence[str]) -> set[str]:
+    """The names ``tokens`` give a thing the ``other`` words never mention ("Rex" of "Has a dog
+    named Rex" against "Has a cat named Tom"): another thing's name, not a replaced one."""
+    mentioned = {stem(word(token)) for token in other}
+    return {
+        word(name)
+        for thing, verb, name in zip(tokens, tokens[1:], tokens[2:], strict=False)
+        if word(verb) in _NAMING and stem(word(thing)) not in mentioned
+    }

@@ -192,6 +192,8 @@ ADDED_NOT_REPLACED = [
     ("Meets the team every Monday", "Meets the team on Thursdays as well"),
     ("Has 1 dog", "Has 2 cats"),
     ("Drinks 2 coffees a day", "Drinks 3 glasses of water a day"),
+    ("Has a dog named Rex", "Has a cat named Tom"),  # the name of another thing
+    ("Owns a boat called Marlin", "Owns a car called Herbie"),
 ]
 
 
@@ -221,6 +223,8 @@ REPLACED = [
     ("Keeps the freezer at -18 degrees", "Keeps the freezer at 18 degrees", ["number"]),
     ("Also eats fish", "Does not eat fish", ["negation"]),  # an inversion, "also" or not
     ("Lives in Paris", "Now lives in Berlin", ["name"]),
+    ("Has a dog named Rex", "Has a dog named Max", ["name"]),  # the same thing renamed
+    ("The dog is called Rex", "The dog is called Max", ["name"]),
 ]
 
 
