@@ -1,7 +1,8 @@
 """Words of a text as jobs.text_facts compares them (pure functions): the text prepared, a token
 as a word, a word's English Snowball stem, and the content words a merged text must keep.
 
-    prepare(text)                 NFKC, curly apostrophes straightened, "7 pm" → "7pm"
+    prepare(text)                 NFKC, invisible format characters dropped ("Par\u200bis" is
+                                  "Paris"), curly apostrophes straightened, "7 pm" → "7pm"
     word(token)                   casefolded, a trailing "'s" dropped
     stem(word)                    English Snowball stem (one stemmer per thread)
     content_keys(text, negation)  the stems of its content words (not filler, not a negation,
@@ -28,10 +29,20 @@ import snowballstemmer
 
 _STEMMERS = threading.local()  # a Snowball stemmer keeps state while it stems: one per thread
 _CLOCK_SUFFIX = re.compile(r"(\d)\s*([ap])\.?m\b\.?", re.IGNORECASE)
+# Format characters (Unicode Cf: zero-width, soft hyphen, joiners, bidi controls, tags) show
+# nothing: a text holding one reads as the text without it. A merged text may not bring one in
+# (text_forms.hidden reads the raw text); compared, they are gone.
+_FORMAT = re.compile(
+    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+    "\U000e0020-\U000e007f]"
+)
 
 
 def prepare(text: str) -> str:
-    text = unicodedata.normalize("NFKC", text).replace("\u2019", "'").replace("\u2018", "'")
+    text = _FORMAT.sub("", unicodedata.normalize("NFKC", text))
+    text = text.replace("\u2019", "'").replace("\u2018", "'")
     return _CLOCK_SUFFIX.sub(r"\1\2m", text)
 
 

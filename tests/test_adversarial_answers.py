@@ -214,6 +214,25 @@ def test_an_added_fact_bears_out_nothing(older, newer):
     assert differing_facts(older, newer) == []
 
 
+@pytest.mark.parametrize(
+    ("older", "newer"),
+    [
+        ("Lives in Paris", "Lives in Par\u200bis"),  # zero-width space
+        ("Takes 50 mg of zinc", "Takes 5\u200d0 mg of zinc"),  # zero-width joiner
+        ("Works at Acme", "Works at Ac\u00adme"),  # soft hyphen
+        ("Lives in Paris", "Lives in \u2066Paris\u2069"),  # bidi isolate
+    ],
+)
+def test_texts_that_look_the_same_bear_out_nothing(older, newer):
+    """An invisible character is no changed name or number: a wrong "contradicts" on two rows
+    that read the same is a review."""
+    assert differing_facts(older, newer) == []
+
+
+def test_a_merge_leaving_out_a_members_invisible_character_passes():
+    assert unsupported_facts("Lives in Paris", ["Lives in Par\u200bis", "Lives in Paris"]) == []
+
+
 REPLACED = [
     ("English level is B1", "English level is B2", ["number"]),
     ("Has 1 dog", "Has 2 dogs", ["number"]),
