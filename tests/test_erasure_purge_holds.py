@@ -1,6 +1,6 @@
 """A purge of erased rows waits while what a forget request reaches through the row's lineage is
 not erased: the purge's ON DELETE CASCADE drops that lineage, and the request would complete
-(verify-erasure clean) with the text still stored. (gc_worker.execute._hold_purges; found by a
+(verify-erasure clean) with the text still stored. (gc_worker.purge_holds.hold_purges; found by a
 review of the content-version change, which let such purges apply after a mere read.)"""
 
 from __future__ import annotations

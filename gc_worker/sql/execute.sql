@@ -151,7 +151,7 @@ WHERE NOT (source_id = ANY(:ids)) AND derived_id <> source_id
 -- lock_splice_ends --
 -- Key-share the rows new lineage will name (its foreign keys' checks would take that lock and
 -- wait on an application transaction holding one FOR UPDATE); a row held is skipped, never
--- waited for, and the purge that needs it is held back (gc_worker.execute).
+-- waited for, and the purge that needs it is held back (gc_worker.purge_holds).
 SELECT id FROM memories WHERE id = ANY(:ids) FOR KEY SHARE SKIP LOCKED
 
 -- purge_lineage --
