@@ -27,9 +27,9 @@ from gc_worker.config import (
     ahead_of_clock,
     check_clock,
     is_utf8,
-    load_runtime,
     load_settings,
 )
+from gc_worker.config_env import load_runtime
 from gc_worker.errors import MemoryGCError, UsageError
 
 Handler = Callable[[argparse.Namespace, "Context"], int]

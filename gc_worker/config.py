@@ -3,7 +3,8 @@
 Sources, later wins: the built-in defaults (mirrored, with a reason per option, in
 ``config/default.toml``), the TOML file named by ``MEMORY_GC_CONFIG``, then variables of the
 form ``MEMORY_GC_<SECTION>__<KEY>`` (e.g. ``MEMORY_GC_DECAY__HALF_LIFE_DAYS=45``; the value is
-read as a TOML value, falling back to a plain string).
+read as a TOML value, falling back to a plain string). The variables' layer, and the runtime's
+own variables (``load_runtime``), are ``gc_worker.config_env``'s.
 
 Validation happens here, once: an unknown section or key is an error naming the closest valid
 one; a bad value names the key, what is allowed and where it was set.
@@ -15,20 +16,18 @@ is where they are imported from.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
-import re
 import tomllib
 import typing
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
+from gc_worker.config_env import ENV_PREFIX, did_you_mean, env_layer
 from gc_worker.config_sections import (
     MAX_DAYS,
     CompactionSettings,
@@ -54,11 +53,8 @@ from gc_worker.errors import ConfigError, UsageError
 
 __all__ = [  # this module's, and the settings classes of gc_worker.config_sections
     "AHEAD",
-    "ENV_PREFIX",
     "MAX_DAYS",
     "NOW_YEARS",
-    "RUNTIME_ENV",
-    "SERVICE_LINK",
     "CompactionSettings",
     "ContradictionSettings",
     "DecaySettings",
@@ -79,20 +75,10 @@ __all__ = [  # this module's, and the settings classes of gc_worker.config_secti
     "UserCapSettings",
     "ahead_of_clock",
     "check_clock",
-    "default_data_dir",
     "is_utf8",
-    "load_runtime",
     "load_settings",
 ]
 
-ENV_PREFIX = "MEMORY_GC_"
-RUNTIME_ENV = {"DATABASE_URL", "DATA_DIR", "CONFIG", "LOG_LEVEL"}
-# What Kubernetes sets in every pod for a Service named memory-gc (or memory-gc-…), e.g.
-# MEMORY_GC_SERVICE_HOST, MEMORY_GC_PORT_9108_TCP_ADDR: not options, and not typos of one
-SERVICE_LINK = re.compile(
-    r"(?:[A-Z0-9_]+_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
-    r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)"
-)
 # A run's clock outside these years is a typo, and the cutoffs computed from it would overflow
 # (or, far in the past, stamp changes that make retention end at once).
 NOW_YEARS = (1971, 9000)
@@ -129,11 +115,6 @@ def is_utf8(value: str) -> bool:
     return True
 
 
-def default_data_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "memory-gc"
-
-
 def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Build the validated settings from an optional TOML file and the environment."""
     env = os.environ if env is None else env
@@ -147,7 +128,7 @@ def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None 
     layers: list[tuple[str, dict[str, Any]]] = []
     if path:
         layers.append((str(path), _read_toml(Path(path), named_by)))
-    layers.append(("environment", _env_layer(env)))
+    layers.append(("environment", env_layer(env)))
     merged: dict[str, dict[str, Any]] = {}
     origin: dict[tuple[str, str], str] = {}
     for source, layer in layers:
@@ -157,59 +138,6 @@ def load_settings(path: Path | str | None = None, env: Mapping[str, str] | None 
             origin.update({(section, key): source for key in values})
     _check_text(merged, origin)
     return _validate(merged, origin)
-
-
-def load_runtime(env: Mapping[str, str] | None = None) -> Runtime:
-    env = os.environ if env is None else env
-    data_dir = env.get(ENV_PREFIX + "DATA_DIR")
-    if data_dir is not None and not data_dir.strip():  # would silently mean another store
-        raise ConfigError(
-            f"{ENV_PREFIX}DATA_DIR is set but empty (an unset secret or variable?); name the "
-            f"folder of the embedded server, or unset it to use {default_data_dir()}"
-        )
-    base_url = env.get("OPENAI_BASE_URL", "").strip() or None  # a secret file's newline
-    if base_url is not None:
-        _check_base_url(base_url)
-    database_url = env.get(ENV_PREFIX + "DATABASE_URL")
-    if database_url is not None and not database_url.strip():
-        raise ConfigError(
-            f"{ENV_PREFIX}DATABASE_URL is set but empty (an unset secret or variable?); set it "
-            "to the store's URL, or unset it to use the embedded server"
-        )
-    return Runtime(
-        database_url=database_url.strip() if database_url else None,
-        data_dir=Path(data_dir) if data_dir else default_data_dir(),
-        config_path=Path(env[ENV_PREFIX + "CONFIG"]) if env.get(ENV_PREFIX + "CONFIG") else None,
-        openai_api_key=env.get("OPENAI_API_KEY", "").strip() or None,
-        openai_base_url=base_url,
-    )
-
-
-def _check_base_url(url: str) -> None:
-    """A mistyped endpoint is refused at start-up: every model call would fail, and the run
-    would defer every model decision night after night as if no model were configured. The
-    message shows scheme, host and port only (the URL may carry a key)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-    except ValueError:  # an unclosed or invalid [IPv6] host: urlsplit refuses it
-        parts, host = urlsplit(""), None
-    shown = f"{parts.scheme}://{host}" if host else "it"
-    if parts.scheme.lower() not in ("http", "https") or not host:
-        problem = "is not an http(s) URL with a host"
-    elif any(c.isspace() or not c.isprintable() for c in url):
-        problem = f"({shown}) contains a space or a control character"
-    else:
-        try:
-            bad_port = parts.port == 0  # ValueError for one that is not a number in 0-65535
-        except ValueError:
-            bad_port = True
-        problem = f"({shown}) has a port that is not 1-65535" if bad_port else None
-    if problem is not None:
-        raise ConfigError(
-            f"OPENAI_BASE_URL {problem}; use e.g. https://api.openai.com/v1 or "
-            "http://localhost:8000/v1, or unset it to run offline"
-        )
 
 
 def _read_toml(path: Path, named_by: str = ENV_PREFIX + "CONFIG") -> dict[str, Any]:
@@ -233,55 +161,16 @@ def _read_toml(path: Path, named_by: str = ENV_PREFIX + "CONFIG") -> dict[str, A
     return data
 
 
-def _env_layer(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    layer: dict[str, dict[str, Any]] = {}
-    for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name[len(ENV_PREFIX) :] in RUNTIME_ENV:
-            continue
-        rest = name[len(ENV_PREFIX) :]
-        if "__" not in rest:
-            if _service_link(rest, raw):
-                continue
-            options = [ENV_PREFIX + n for n in sorted(RUNTIME_ENV)]
-            meant = difflib.get_close_matches(name, options + _option_variables(), 1, 0.8)
-            raise ConfigError(
-                f"unknown variable {name}{_did_you_mean(name, meant or options)}; options are "
-                f"{ENV_PREFIX}<SECTION>__<KEY>, e.g. MEMORY_GC_DECAY__HALF_LIFE_DAYS"
-            )
-        section, key = rest.lower().split("__", 1)
-        layer.setdefault(section, {})[key] = _parse_env_value(raw)
-    return layer
-
-
-def _service_link(name: str, value: str) -> bool:
-    """Whether MEMORY_GC_``name`` = ``value`` is one of Kubernetes' service links. Their
-    <SERVICE>_PORT is a URL (tcp://10.96.0.12:9108): a bare number there is someone's
-    mistyped option (MEMORY_GC_DATABASE_PORT=5433), still refused."""
-    if not SERVICE_LINK.fullmatch(name):
-        return False
-    if name == "PORT" or (name.endswith("_PORT") and "SERVICE_PORT" not in name
-                          and not re.search(r"(?:^|_)PORT_[0-9]+_[A-Z]+_PORT$", name)):  # fmt: skip
-        return re.fullmatch(r"(?:tcp|udp|sctp)://\S+", value) is not None
-    return True
-
-
-def _parse_env_value(raw: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
-
-
 def _check_keys(layer: Mapping[str, Mapping[str, Any]], source: str) -> None:
     sections = Settings.model_fields
     for section, values in layer.items():
         if section not in sections:
-            hint = _did_you_mean(section, list(sections))
+            hint = did_you_mean(section, list(sections))
             raise ConfigError(f"{source}: unknown section [{section}]{hint}")
         keys = sections[section].annotation.model_fields  # type: ignore[union-attr]
         for key in values:
             if key not in keys:
-                hint = _did_you_mean(key, list(keys))
+                hint = did_you_mean(key, list(keys))
                 raise ConfigError(f"{source}: unknown key {section}.{key}{hint}")
 
 
@@ -300,21 +189,6 @@ def _check_text(merged: Mapping[str, Mapping[str, Any]], origin: Mapping) -> Non
                     f"that are not UTF-8 text; set it to plain text in the config file or "
                     f"{ENV_PREFIX}{section.upper()}__{key.upper()}"
                 )
-
-
-def _option_variables() -> list[str]:
-    """Every option's variable (MEMORY_GC_DECAY__HALF_LIFE_DAYS, …): what a variable with one
-    underscore between section and key most likely meant."""
-    return [
-        f"{ENV_PREFIX}{section.upper()}__{key.upper()}"
-        for section, field in Settings.model_fields.items()
-        for key in field.annotation.model_fields  # type: ignore[union-attr]
-    ]
-
-
-def _did_you_mean(word: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
-    return f" (did you mean `{close[0]}`?)" if close else f" (valid: {', '.join(options)})"
 
 
 def _validate(merged: dict[str, Any], origin: Mapping[tuple[str, str], str]) -> Settings:

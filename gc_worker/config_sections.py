@@ -4,8 +4,9 @@
 Each class declares its options with their defaults and bounds (mirrored, with a reason per
 option, in ``config/default.toml``); validators refuse what the bounds cannot say (a cron line
 that never fires, an unknown time zone, true/false for a number, an empty model name).
-Loading them from the TOML file and ``MEMORY_GC_*`` variables, and the messages naming a bad
-value, are ``gc_worker.config``'s, which re-exports every name here: import them from there.
+Loading them from the TOML file and ``MEMORY_GC_*`` variables (whose layer is
+``gc_worker.config_env``'s), and the messages naming a bad value, are ``gc_worker.config``'s,
+which re-exports every name here: import them from there.
 """
 
 from __future__ import annotations
