@@ -200,6 +200,14 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         )
     if engine.dialect.driver == "psycopg":
         sa.event.listen(engine, "connect", _set_session, insert=True)
+    _connect_once(engine, url)
+    return engine
+
+
+def _connect_once(engine: Engine, url: str) -> None:
+    """Connect ``engine`` once (its first connection): a driver's refusal of the URL's options
+    or host is a ConfigError, a server that cannot be reached DatabaseUnavailable, each naming
+    the URL without its password; the engine is disposed."""
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))
@@ -226,7 +234,6 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             f"MEMORY_GC_DATABASE_URL ({_redact(url)}) names a host that is not a valid host name "
             "(an empty label, `..`, or one over 63 characters); fix the URL's host"
         ) from None
-    return engine
 
 
 def names_itself(url_names_it: bool) -> bool:
